@@ -1,0 +1,164 @@
+"""The compiled artifact: a directory of pickled TinyJits + metadata.json + manifest.json (sha256 of every file).
+
+A pickle is code, so nothing is unpickled until the manifest, the versions and the device have all been checked.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+from modeld_msm.errors import UserError
+
+FORMAT = 1
+MANIFEST, METADATA = "manifest.json", "metadata.json"
+POLICY_PKL, WARP_PKL = "driving_policy.pkl", "driving_warp.pkl"
+REBUILD_HINT = "rebuild it with `modeld-msm compile` on this version (or `./dev demo`, which rebuilds its cache)"
+
+
+class ArtifactError(UserError):
+  pass
+
+
+def installed_versions() -> dict[str, str | None]:
+  out: dict[str, str | None] = {}
+  for pkg in ("tinygrad", "tinymesa"):
+    try:
+      out[pkg] = importlib_metadata.version(pkg)
+    except importlib_metadata.PackageNotFoundError:
+      out[pkg] = None
+  return out
+
+
+def _sha256(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def write_artifact(out_dir: Path, files: dict[str, bytes], meta: dict[str, Any]) -> Path:
+  """Write files + metadata + manifest into a temp dir beside out_dir, then swap it in (never half-written)."""
+  out_dir = Path(out_dir)
+  parent = out_dir.resolve().parent
+  try:
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
+  except OSError as e:
+    raise UserError(f"cannot write the artifact into {parent}: {e.strerror}; choose a writable output directory") from None
+  try:
+    all_files = dict(files)
+    all_files[METADATA] = json.dumps(meta, indent=1, sort_keys=True).encode()
+    for name, data in all_files.items():
+      (tmp / name).write_bytes(data)
+    manifest = {"format": FORMAT, "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(all_files.items())}}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    os.chmod(tmp, 0o755)
+    old = None
+    if out_dir.exists():
+      old = parent / f".{out_dir.name}.old-{os.getpid()}"
+      os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out_dir
+
+
+@dataclass
+class VerifiedArtifact:
+  path: Path
+  meta: dict[str, Any]
+  digests: dict[str, str]
+
+  @property
+  def camera(self) -> tuple[int, int]:
+    return int(self.meta["camera"]["width"]), int(self.meta["camera"]["height"])
+
+  @property
+  def device(self) -> str:
+    return str(self.meta["device"])
+
+  @property
+  def target(self) -> str:
+    return str(self.meta["target"])
+
+  def output_slices(self, kind: str) -> dict[str, slice]:
+    return {k: slice(a, b) for k, (a, b) in self.meta["models"][kind]["output_slices"].items()}
+
+
+def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[int, int] | None = None) -> VerifiedArtifact:
+  """Check integrity, versions, device and camera. Reads JSON and hashes only; never unpickles."""
+  path = Path(path)
+  if not path.is_dir():
+    raise ArtifactError(f"artifact {path} does not exist or is not a directory; {REBUILD_HINT}")
+  try:
+    manifest = json.loads((path / MANIFEST).read_text())
+    listed = manifest["files"]
+    assert isinstance(listed, dict) and manifest.get("format") == FORMAT
+  except FileNotFoundError:
+    raise ArtifactError(f"artifact {path} has no {MANIFEST}; {REBUILD_HINT}") from None
+  except Exception:
+    raise ArtifactError(f"artifact {path}: {MANIFEST} is corrupt or of another format; {REBUILD_HINT}") from None
+  present = {p.name for p in path.iterdir() if p.name != MANIFEST}
+  if extra := present - set(listed):
+    raise ArtifactError(f"artifact {path} has files not in its manifest: {', '.join(sorted(extra))}; {REBUILD_HINT}")
+  for name, digest in listed.items():
+    f = path / name
+    if not f.is_file():
+      raise ArtifactError(f"artifact {path} is missing {name}; {REBUILD_HINT}")
+    if _sha256(f) != digest:
+      raise ArtifactError(f"artifact {path}: {name} does not match its manifest checksum (modified or corrupt); {REBUILD_HINT}")
+  try:
+    meta = json.loads((path / METADATA).read_text())
+  except Exception:
+    raise ArtifactError(f"artifact {path}: {METADATA} is unreadable; {REBUILD_HINT}") from None
+  for pkg, have in installed_versions().items():
+    want = meta.get("versions", {}).get(pkg)
+    if want != have:
+      raise ArtifactError(f"artifact {path} was built with {pkg} {want}, this install has {have}; {REBUILD_HINT}")
+  if device is not None and meta.get("device") != device:
+    raise ArtifactError(f"artifact {path} is for device {meta.get('device')} ({meta.get('target')}), not {device}; "
+                        f"compile one with `modeld-msm compile --device {device}`")
+  art = VerifiedArtifact(path, meta, dict(listed))
+  if camera is not None and art.camera != tuple(camera):
+    raise ArtifactError(f"artifact {path} is for camera {art.camera[0]}x{art.camera[1]}, the stream is {camera[0]}x{camera[1]}; "
+                        f"compile one with `--camera {camera[0]}x{camera[1]}`")
+  for prog in (POLICY_PKL, WARP_PKL):
+    if prog not in listed:
+      raise ArtifactError(f"artifact {path} lacks {prog}; {REBUILD_HINT}")
+  return art
+
+
+def activate_target(art: VerifiedArtifact) -> None:
+  """Point tinygrad at the artifact's device/renderer before anything is unpickled (pickles open their device)."""
+  from tinygrad.helpers import DEV
+  target = os.environ.get("MODELD_DEV") or art.meta["load_target"]
+  if art.device == "QCOM":
+    import backend
+    backend.install()
+  DEV.value = target
+
+
+def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:
+  """Unpickle the (policy, warp) TinyJits of an already verified artifact."""
+  activate_target(art)
+  return _load_checked(art, POLICY_PKL), _load_checked(art, WARP_PKL)
+
+
+def _load_checked(art: VerifiedArtifact, name: str) -> Any:
+  # hash the exact bytes we unpickle, so a file swapped after verify_artifact is still refused
+  data = (art.path / name).read_bytes()
+  if hashlib.sha256(data).hexdigest() != art.digests[name]:
+    raise ArtifactError(f"artifact {art.path}: {name} changed after verification; {REBUILD_HINT}")
+  return pickle.loads(data)  # noqa: S301

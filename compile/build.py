@@ -1,0 +1,235 @@
+"""`modeld-msm compile`: ONNX pair + camera size + device -> a verified artifact directory.
+
+Validation before anything is written:
+  1. each model through tinygrad matches onnxruntime on the raw ONNX (fp16-aware tolerance below);
+  2. the fused program, jitted, equals the unjitted program exactly — outputs and every device queue — over a sequence
+     of seeded steps that mixes full steps with warp-only (dropped-frame) steps and rotates frame buffers like VisionIPC;
+  3. the pickled JITs, loaded back, reproduce the first step exactly and react to different inputs.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compile import artifact as art_mod
+from compile.onnx_model import OnnxModelInfo, load_model_info
+from modeld_msm.errors import UserError
+from selfdrive_glue.nv12 import NV12Info, nv12_info
+
+# fp16 graphs: each op rounds to 11 significant bits and the two runtimes order reductions differently, so compare with
+# a tolerance scaled to fp16 precision: |a - b| <= ATOL + RTOL * |ref| elementwise
+ORT_RTOL, ORT_ATOL = 2e-2, 2e-2
+# step sequence for the JIT equivalence check: P = full step, W = warp-only (dropped frame)
+STEP_PLAN = "PPWPWWPP"
+
+# device argument -> (capture target, load target)
+TARGETS = {
+  "CPU": ("CPU", "CPU"),
+  "CPU:LLVM": ("CPU:LLVM", "CPU:LLVM"),
+  "QCOM": ("EMU+QCOM:IR3", "QCOM:IR3"),
+}
+
+
+@dataclass
+class CompileReport:
+  out_dir: Path
+  timings: dict[str, float] = field(default_factory=dict)
+  checks: list[tuple[str, str, str]] = field(default_factory=list)  # (check, result, detail)
+
+  def table(self) -> str:
+    w = max(len(c) for c, _, _ in self.checks)
+    lines = [f"{'check':{w}s}  result  detail", "-" * (w + 40)]
+    lines += [f"{c:{w}s}  {r:6s}  {d}" for c, r, d in self.checks]
+    lines.append("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()))
+    return "\n".join(lines)
+
+
+def frame_tensor(buf: np.ndarray, device: str):
+  """A flat uint8 device tensor over a camera buffer: zero-copy on CPU (the buffer must outlive the tensor)."""
+  from tinygrad import Tensor, dtypes
+  if device.split(":")[0] == "CPU":
+    return Tensor.from_blob(buf.ctypes.data, (buf.size,), dtype=dtypes.uint8, device=device)
+  return Tensor(buf, device=device)
+
+
+def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport) -> None:
+  import onnxruntime as ort
+  from tinygrad import Tensor
+  sess = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
+  worst = 0.0
+  for _ in range(2):
+    feeds = {}
+    for name, shape in info.input_shapes.items():
+      dt = np.dtype(info.input_dtypes[name])
+      feeds[name] = rng.integers(0, 256, shape, dtype=np.uint8) if dt == np.uint8 else rng.standard_normal(shape).astype(dt)
+    ref = sess.run(None, feeds)[0].astype(np.float32)
+    got = next(iter(runner({k: Tensor(v) for k, v in feeds.items()}).values())).float().numpy()
+    if not np.isfinite(got).all():
+      raise UserError(f"{info.kind} model produces non-finite outputs under tinygrad; check the model file")
+    excess = np.abs(got - ref) - (ORT_ATOL + ORT_RTOL * np.abs(ref))
+    worst = max(worst, float(np.abs(got - ref).max()))
+    if (excess > 0).any():
+      i = int(np.argmax(excess))
+      raise UserError(f"{info.kind} model: tinygrad and onnxruntime disagree at output {i}: {got.flat[i]:.5g} vs {ref.flat[i]:.5g} "
+                      f"(tolerance {ORT_ATOL} + {ORT_RTOL}*|ref|)")
+  report.checks.append((f"{info.kind} vs onnxruntime", "ok", f"max |diff| {worst:.3g} (tol {ORT_ATOL}+{ORT_RTOL}*|ref|)"))
+
+
+class _Steps:
+  """Seeded inputs for the equivalence sequence; frames rotate through 3 buffers per camera like a VisionIPC ring."""
+
+  def __init__(self, nv: NV12Info, device: str, seed: int):
+    rng = np.random.default_rng(seed)
+    self.frames = [rng.integers(0, 256, nv.size, dtype=np.uint8) for _ in range(6)]
+    self.tensors = [frame_tensor(f, device) for f in self.frames]
+    self.host = [self._host(rng) for _ in STEP_PLAN]
+
+  @staticmethod
+  def _host(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    tfm = np.array([[2.9, 0.0, 219.0], [0.0, 2.9, 465.0], [0.0, 0.0, 1.0]], np.float32)
+    tfm[:2] += rng.normal(0, [[0.05, 0.05, 30.0]], (2, 3)).astype(np.float32)
+    big = np.array([[1.25, 0.0, 645.0], [0.0, 1.25, 415.0], [0.0, 0.0, 1.0]], np.float32)
+    big[:2] += rng.normal(0, [[0.02, 0.02, 20.0]], (2, 3)).astype(np.float32)
+    desire = (rng.random(8) > 0.7).astype(np.float32)
+    tc = np.zeros((1, 2), np.float32)
+    tc[0, int(rng.integers(0, 2))] = 1
+    return {"desire": desire, "traffic_convention": tc, "tfm": tfm, "big_tfm": big}
+
+  def args(self, i: int, host_np, host_t) -> tuple:
+    for k, v in self.host[i].items():
+      host_np[k][...] = v
+    return (self.tensors[(2 * i) % 6], self.tensors[(2 * i + 1) % 6], host_t["desire"], host_t["traffic_convention"], host_t["tfm"], host_t["big_tfm"])
+
+
+def _run_sequence(policy_fn, warp_fn, steps: _Steps, host_np, host_t, queues) -> list[dict[str, np.ndarray]]:
+  out = []
+  for i, kind in enumerate(STEP_PLAN):
+    a = steps.args(i, host_np, host_t)
+    rec: dict[str, np.ndarray] = {}
+    if kind == "P":
+      v, p = policy_fn(*a)
+      rec["vision"], rec["policy"] = v.numpy().copy(), p.numpy().copy()
+    else:
+      warp_fn(*a)
+    for name, q in queues.items():
+      rec[name] = q.numpy().copy()
+    out.append(rec)
+  return out
+
+
+def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path,
+                     log=print) -> CompileReport:
+  if device not in TARGETS:
+    raise UserError(f"unknown device '{device}': use one of {', '.join(TARGETS)}")
+  out_dir = Path(out_dir)
+  report = CompileReport(out_dir)
+  t0 = time.perf_counter()
+  vinfo, pinfo = load_model_info(vision, "vision"), load_model_info(policy, "policy")
+  report.checks.append(("model contract", "ok", f"vision out {vinfo.output_width}, policy out {pinfo.output_width}, "
+                        f"{len(vinfo.output_slices)}+{len(pinfo.output_slices)} slices"))
+  _check_out_dir(out_dir)
+  capture_target, load_target = TARGETS[device]
+  if device == "QCOM":
+    import backend
+    backend.install()
+  from tinygrad import Device
+  from tinygrad.helpers import DEV
+  DEV.value = capture_target
+  dev_name = Device.DEFAULT
+  from compile.program import DrivingProgram, HostInputs
+  nv = nv12_info(*camera)
+  log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target}")
+  prog = DrivingProgram(vinfo, pinfo, nv, dev_name)
+  report.timings["load"] = time.perf_counter() - t0
+  numerics = device != "QCOM"  # the emulated render node (level A) does not execute shaders
+  rng = np.random.default_rng(42)
+  if numerics:
+    t = time.perf_counter()
+    log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
+    _ort_check(vinfo, prog.vision, rng, report)
+    _ort_check(pinfo, prog.policy, rng, report)
+    report.timings["onnxruntime check"] = time.perf_counter() - t
+
+  t = time.perf_counter()
+  log(f"[compile] 2/3 capturing the JIT and checking it against the unjitted program ({len(STEP_PLAN)} steps: {STEP_PLAN})")
+  host = HostInputs.zeros()
+  host_np = {k: getattr(host, k) for k in ("desire", "traffic_convention", "tfm", "big_tfm")}
+  host_t = host.tensors()
+  steps = _Steps(nv, dev_name, 42)
+  ref = _run_sequence(prog.run_policy, prog.run_warp, steps, host_np, host_t, prog.queues())
+  prog.reset_queues()
+  policy_jit, warp_jit = prog.jits()
+  got = _run_sequence(policy_jit, warp_jit, steps, host_np, host_t, prog.queues())
+  if numerics:
+    for i, (r, g) in enumerate(zip(ref, got)):
+      for k in r:
+        if not np.array_equal(r[k], g[k]):
+          raise UserError(f"internal error: jitted program differs from unjitted at step {i} ({STEP_PLAN[i]}) in {k}; please report it")
+      if "policy" in r and not (np.isfinite(r["vision"]).all() and np.isfinite(r["policy"]).all()):
+        raise UserError(f"the models produce non-finite outputs at step {i}; check the model files")
+    report.checks.append(("jit == unjitted", "ok", f"outputs and 4 queues bit-exact over {len(STEP_PLAN)} steps, rotating buffers"))
+  else:
+    report.checks.append(("jit == unjitted", "skip", "emulated render node runs no shaders; validated on the CPU artifact"))
+  report.timings["jit check"] = time.perf_counter() - t
+
+  t = time.perf_counter()
+  log("[compile] 3/3 pickling and checking the reloaded program")
+  prog.reset_queues()
+  policy_pkl, warp_pkl = pickle.dumps(policy_jit), pickle.dumps(warp_jit)
+  if numerics:
+    _check_reload(policy_pkl, steps, host_np, host_t, ref[0], report)
+  report.timings["pickle check"] = time.perf_counter() - t
+
+  versions = art_mod.installed_versions()
+  from tinygrad import Device as D
+  renderer = type(D[dev_name].renderer).__name__
+  meta: dict[str, Any] = {
+    "format": art_mod.FORMAT,
+    "created_unix": int(time.time()),
+    "camera": {"width": camera[0], "height": camera[1], "stride": nv.stride, "y_height": nv.y_height, "uv_height": nv.uv_height,
+               "uv_offset": nv.uv_offset, "size": nv.size},
+    "device": dev_name.split(":")[0], "capture_target": capture_target, "load_target": load_target, "target": load_target,
+    "renderer": renderer, "arch": str(D[dev_name].arch or ""), "host": platform.machine(),
+    "versions": versions,
+    "models": {i.kind: {"file": i.path.name, "sha256": i.sha256, "input_shapes": {k: list(v) for k, v in i.input_shapes.items()},
+                        "input_dtypes": i.input_dtypes,
+                        "output_shapes": {k: list(v) for k, v in i.output_shapes.items()},
+                        "output_slices": {k: [s.start, s.stop] for k, s in i.output_slices.items()}, "metadata": i.metadata}
+               for i in (vinfo, pinfo)},
+    "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, "step_plan": STEP_PLAN},
+  }
+  art_mod.write_artifact(out_dir, {art_mod.POLICY_PKL: policy_pkl, art_mod.WARP_PKL: warp_pkl}, meta)
+  report.timings["total"] = time.perf_counter() - t0
+  log(f"[compile] wrote {out_dir} ({(len(policy_pkl) + len(warp_pkl)) / 1e6:.1f} MB)")
+  return report
+
+
+def _check_reload(policy_pkl: bytes, steps: _Steps, host_np, host_t, first: dict[str, np.ndarray], report: CompileReport) -> None:
+  loaded = pickle.loads(policy_pkl)  # noqa: S301 - bytes we produced a moment ago in this process
+  a = steps.args(0, host_np, host_t)
+  v, p = loaded(*a)
+  if not (np.array_equal(v.numpy(), first["vision"]) and np.array_equal(p.numpy(), first["policy"])):
+    raise UserError("internal error: the reloaded pickle does not reproduce the first step; please report it")
+  a = steps.args(1, host_np, host_t)
+  v2, _ = loaded(*a)
+  if np.array_equal(v2.numpy(), first["vision"]):
+    raise UserError("internal error: the reloaded program ignores its inputs; please report it")
+  report.checks.append(("pickle reload", "ok", "first step bit-exact, different inputs give different outputs"))
+
+
+def _check_out_dir(out_dir: Path) -> None:
+  parent = out_dir.resolve().parent
+  probe = parent
+  while not probe.exists():
+    probe = probe.parent
+  if not os.access(probe, os.W_OK):
+    raise UserError(f"output directory {out_dir} is not writable (no write permission on {probe}); choose another -o")
+  if out_dir.exists() and not out_dir.is_dir():
+    raise UserError(f"output path {out_dir} exists and is not a directory")

@@ -1,0 +1,104 @@
+"""The per-frame driving program, all on the device: warp -> image queues -> vision -> feature queue -> desire queue -> policy.
+
+Shaped like openpilot's fused modeld (variant D): the queues live on the device and the whole step is one TinyJit, with a
+second warp-only JIT for dropped frames (image queues advance, the feature and desire queues do not).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tinygrad import Tensor, TinyJit, dtypes
+from tinygrad.nn.onnx import OnnxRunner
+
+from compile.onnx_model import OnnxModelInfo
+from compile.warp import warp_nv12
+from selfdrive_glue.nv12 import NV12Info
+
+FRAME_SKIP = 4            # MODEL_RUN_FREQ 20 / MODEL_CONTEXT_FREQ 5
+N_FRAMES = 2              # 12 input channels / 6 per frame
+HISTORY = 25              # policy timesteps
+FEATURE_LEN, DESIRE_LEN = 512, 8
+IMG_Q = FRAME_SKIP * (N_FRAMES - 1) + 1      # 5: rows 0 and 4 are frames t-4 and t
+FEAT_Q = FRAME_SKIP * (HISTORY - 1) + 1      # 97: rows 0, 4, ..., 96
+DESIRE_Q = FRAME_SKIP * HISTORY              # 100: max-pooled over groups of 4
+
+
+@dataclass
+class HostInputs:
+  """float32 numpy arrays the JIT reads live through NPY tensors (written in place by the caller every frame)."""
+  desire: np.ndarray
+  traffic_convention: np.ndarray
+  tfm: np.ndarray
+  big_tfm: np.ndarray
+
+  @staticmethod
+  def zeros() -> HostInputs:
+    return HostInputs(np.zeros(DESIRE_LEN, np.float32), np.zeros((1, 2), np.float32), np.zeros((3, 3), np.float32), np.zeros((3, 3), np.float32))
+
+  def tensors(self) -> dict[str, Tensor]:
+    # NPY tensors alias the numpy memory, so the captured JIT copies their current contents in on every call
+    return {k: Tensor(getattr(self, k), device="NPY") for k in ("desire", "traffic_convention", "tfm", "big_tfm")}
+
+
+def _push(q: Tensor, x: Tensor) -> Tensor:
+  """Drop the oldest row, append x, in place on the device; returns the updated queue."""
+  new = q[1:].cat(x.reshape(1, *q.shape[1:]).cast(q.dtype), dim=0).contiguous()
+  return q.assign(new)
+
+
+class DrivingProgram:
+  def __init__(self, vision: OnnxModelInfo, policy: OnnxModelInfo, nv12: NV12Info, device: str):
+    self.device, self.nv12 = device, nv12
+    self.vision = OnnxRunner(vision.path).to(device)
+    self.policy = OnnxRunner(policy.path).to(device)
+    self.vision_dtypes = {k: v.dtype for k, v in self.vision.graph_inputs.items()}
+    self.policy_dtypes = {k: v.dtype for k, v in self.policy.graph_inputs.items()}
+    self.hidden = vision.output_slices["hidden_state"]
+    if self.hidden.stop - self.hidden.start != FEATURE_LEN:
+      from modeld_msm.errors import UserError
+      raise UserError(f"vision hidden_state slice {self.hidden} is not {FEATURE_LEN} wide")
+    self.img_q = Tensor.zeros(IMG_Q, 6, 128, 256, dtype=dtypes.uint8, device=device).contiguous().realize()
+    self.big_img_q = Tensor.zeros(IMG_Q, 6, 128, 256, dtype=dtypes.uint8, device=device).contiguous().realize()
+    self.feat_q = Tensor.zeros(FEAT_Q, 1, FEATURE_LEN, dtype=dtypes.float32, device=device).contiguous().realize()
+    self.desire_q = Tensor.zeros(DESIRE_Q, 1, DESIRE_LEN, dtype=dtypes.float32, device=device).contiguous().realize()
+
+  def queues(self) -> dict[str, Tensor]:
+    return {"img_q": self.img_q, "big_img_q": self.big_img_q, "feat_q": self.feat_q, "desire_q": self.desire_q}
+
+  def _warp(self, frame: Tensor, big_frame: Tensor, tfm: Tensor, big_tfm: Tensor) -> tuple[Tensor, Tensor]:
+    tfm, big_tfm = tfm.to(self.device).cast(dtypes.float32), big_tfm.to(self.device).cast(dtypes.float32)
+    img_q = _push(self.img_q, warp_nv12(frame, tfm, self.nv12))
+    big_img_q = _push(self.big_img_q, warp_nv12(big_frame, big_tfm, self.nv12))
+    pick = [0, IMG_Q - 1]
+    return img_q[pick].reshape(1, N_FRAMES * 6, 128, 256), big_img_q[pick].reshape(1, N_FRAMES * 6, 128, 256)
+
+  def run_warp(self, frame: Tensor, big_frame: Tensor, desire: Tensor, traffic_convention: Tensor, tfm: Tensor, big_tfm: Tensor) -> Tensor:
+    img, big_img = self._warp(frame, big_frame, tfm, big_tfm)
+    # both queue updates must be realized inside the call, or the JIT would not capture them
+    Tensor.realize(img, big_img)
+    return img
+
+  def run_policy(self, frame: Tensor, big_frame: Tensor, desire: Tensor, traffic_convention: Tensor, tfm: Tensor,
+                 big_tfm: Tensor) -> tuple[Tensor, Tensor]:
+    img, big_img = self._warp(frame, big_frame, tfm, big_tfm)
+    vin = {"img": img, "big_img": big_img}
+    vision_out = next(iter(self.vision({k: v.cast(self.vision_dtypes[k]) for k, v in vin.items()}).values())).cast(dtypes.float32)
+    feat_q = _push(self.feat_q, vision_out[:, self.hidden])
+    features = feat_q[0::FRAME_SKIP].reshape(1, HISTORY, FEATURE_LEN)
+    desire_q = _push(self.desire_q, desire.to(self.device).cast(dtypes.float32))
+    pulses = desire_q.reshape(HISTORY, FRAME_SKIP, 1, DESIRE_LEN).max(1).reshape(1, HISTORY, DESIRE_LEN)
+    pin = {"features_buffer": features, "desire_pulse": pulses, "traffic_convention": traffic_convention.to(self.device)}
+    policy_out = next(iter(self.policy({k: v.cast(self.policy_dtypes[k]) for k, v in pin.items()}).values())).cast(dtypes.float32)
+    Tensor.realize(vision_out, policy_out, self.img_q, self.big_img_q, self.feat_q, self.desire_q)
+    return vision_out, policy_out
+
+  def jits(self) -> tuple[TinyJit, TinyJit]:
+    return TinyJit(self.run_policy, prune=True), TinyJit(self.run_warp, prune=True)
+
+  def reset_queues(self) -> None:
+    from tinygrad.device import Buffer
+    for q in self.queues().values():
+      buf = q.uop.buffer
+      zeros = Buffer("PYTHON", buf.size, buf.dtype, opaque=memoryview(bytearray(buf.nbytes)))
+      buf.copy_from(zeros)

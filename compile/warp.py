@@ -1,0 +1,37 @@
+"""The camera warp, on the device: NV12 (VENUS layout) -> the 6x128x256 uint8 model input.
+
+Nearest neighbour with round-half-to-even (tinygrad's round), clamped to the image, like openpilot's fused modeld.
+The matrix maps model pixels to camera pixels (camera_from_model, used without inversion).
+"""
+from __future__ import annotations
+
+from tinygrad import Tensor, dtypes
+
+from selfdrive_glue.nv12 import NV12Info
+
+MODEL_W, MODEL_H = 512, 256
+# U/V are sampled at half resolution: S*M*S^-1 with S = diag(.5, .5, 1)
+_UV_SCALE = ((1.0, 1.0, 0.5), (1.0, 1.0, 0.5), (2.0, 2.0, 1.0))
+
+
+def _sample_index(M: Tensor, out_w: int, out_h: int, src_w: int, src_h: int) -> tuple[Tensor, Tensor]:
+  """Source (x, y) integer coordinates of every output pixel, shape (out_h, out_w)."""
+  xs = Tensor.arange(out_w, dtype=dtypes.float32).reshape(1, out_w).expand(out_h, out_w)
+  ys = Tensor.arange(out_h, dtype=dtypes.float32).reshape(out_h, 1).expand(out_h, out_w)
+  w = M[2, 0] * xs + M[2, 1] * ys + M[2, 2]
+  sx = ((M[0, 0] * xs + M[0, 1] * ys + M[0, 2]) / w).round().clip(0, src_w - 1).cast(dtypes.int32)
+  sy = ((M[1, 0] * xs + M[1, 1] * ys + M[1, 2]) / w).round().clip(0, src_h - 1).cast(dtypes.int32)
+  return sx, sy
+
+
+def warp_nv12(frame: Tensor, M: Tensor, info: NV12Info) -> Tensor:
+  """frame: flat uint8 (info.size,), M: (3,3) float32 -> (6, 128, 256) uint8 in openpilot's channel order."""
+  sx, sy = _sample_index(M, MODEL_W, MODEL_H, info.width, info.height)
+  y = frame[(sy * info.stride + sx).flatten()].reshape(MODEL_H, MODEL_W)
+  Muv = M * Tensor(_UV_SCALE, dtype=dtypes.float32, device=M.device)
+  ux, uy = _sample_index(Muv, MODEL_W // 2, MODEL_H // 2, info.width // 2, info.height // 2)
+  uv_idx = (info.uv_offset + uy * info.stride + ux * 2).flatten()
+  u = frame[uv_idx].reshape(MODEL_H // 2, MODEL_W // 2)
+  v = frame[uv_idx + 1].reshape(MODEL_H // 2, MODEL_W // 2)
+  # ch0..3: Y at (even,even), (odd,even), (even,odd), (odd,odd) as (row, col) parity
+  return Tensor.stack(y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], u, v)

@@ -1,0 +1,65 @@
+"""`modeld-msm` entry point: one subcommand per module in modeld_msm/commands/.
+
+Each command module exposes HELP (one line), add_arguments(parser) and run(args) -> int.
+Imports are lazy so `modeld-msm verify` on the car never imports onnx or matplotlib.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from modeld_msm.errors import UserError
+
+COMMANDS = ["models", "compile", "verify", "serve", "demo", "synth", "replay", "regress", "doctor"]
+
+HELP = {
+  "models": "write reference driving_vision.onnx / driving_policy.onnx (tiny or full)",
+  "compile": "compile vision+policy ONNX into a verified artifact for one camera size and device",
+  "verify": "check an artifact (manifest, versions, device) without running it",
+  "serve": "run as openpilot's modeld process",
+  "demo": "end-to-end demo on the embedded default: camera server, modeld, listener",
+  "synth": "write a synthetic drive segment (rlog + HEVC) from procedurally rendered roads",
+  "replay": "run logged segments through the model pipeline into an output log",
+  "regress": "compare two replay output logs field by field",
+  "doctor": "report tinygrad/tinymesa versions, kernel interfaces and render node facts",
+}
+
+
+def _load(name: str):
+  return importlib.import_module(f"modeld_msm.commands.{name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  parser = argparse.ArgumentParser(prog="modeld-msm", description="openpilot modeld on vamOS (MSM DRM) and off the car (CPU)")
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+  # only the chosen command's module is imported; others are listed from HELP
+  chosen = next((a for a in argv if not a.startswith("-")), None)
+  for name in COMMANDS:
+    p = sub.add_parser(name, help=HELP[name], description=HELP[name])
+    if name == chosen:
+      try:
+        mod = _load(name)
+      except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("modeld_msm.commands"):
+          print(f"modeld-msm: error: command '{name}' is not available in this build", file=sys.stderr)
+          return 2
+        raise
+      mod.add_arguments(p)
+      p.set_defaults(_run=mod.run)
+  args = parser.parse_args(argv)
+  if not getattr(args, "_run", None):
+    parser.print_help()
+    return 2
+  try:
+    return int(args._run(args) or 0)
+  except UserError as e:
+    print(f"modeld-msm {args.command}: error: {e}", file=sys.stderr)
+    return e.exit_code
+  except KeyboardInterrupt:
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,21 @@
+"""`modeld-msm compile`: build one verified artifact for a camera size and device."""
+from __future__ import annotations
+
+from selfdrive_glue.nv12 import parse_camera
+
+HELP = "compile vision+policy ONNX into a verified artifact for one camera size and device"
+
+
+def add_arguments(p) -> None:
+  p.add_argument("--vision", required=True, help="driving_vision.onnx")
+  p.add_argument("--policy", required=True, help="driving_policy.onnx")
+  p.add_argument("--camera", default="1928x1208", help="camera size: 1928x1208 (ar0231/ox03c10) or 1344x760 (os04c10)")
+  p.add_argument("--device", default="CPU", help="CPU (off the car), CPU:LLVM, or QCOM (Adreno 630, captured on the emulated render node)")
+  p.add_argument("-o", "--out", required=True, help="artifact directory to write (replaced atomically)")
+
+
+def run(args) -> int:
+  from compile.build import compile_artifact
+  report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out)
+  print(report.table())
+  return 0

@@ -1,0 +1,25 @@
+"""`modeld-msm verify DIR`: integrity, versions and device of an artifact, without unpickling it."""
+from __future__ import annotations
+
+from selfdrive_glue.nv12 import parse_camera
+
+HELP = "check an artifact (manifest, versions, device) without running it"
+
+
+def add_arguments(p) -> None:
+  p.add_argument("artifact", help="artifact directory written by `modeld-msm compile`")
+  p.add_argument("--device", help="require this device (CPU or QCOM)")
+  p.add_argument("--camera", help="require this camera size, e.g. 1928x1208")
+
+
+def run(args) -> int:
+  from compile.artifact import verify_artifact
+  art = verify_artifact(args.artifact, device=args.device, camera=parse_camera(args.camera) if args.camera else None)
+  m = art.meta
+  print(f"{art.path}: OK")
+  print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}  renderer {m['renderer']}  arch {m['arch']}")
+  print(f"  versions " + "  ".join(f"{k} {v}" for k, v in m["versions"].items()))
+  for kind, mm in m["models"].items():
+    print(f"  {kind:7s} {mm['file']}  sha256 {mm['sha256'][:16]}…  out {mm['output_shapes']}")
+  print(f"  files    {len(art.digests)} checked against the manifest")
+  return 0
