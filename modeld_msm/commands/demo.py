@@ -1,0 +1,27 @@
+"""`modeld-msm demo`: the README's main job."""
+from __future__ import annotations
+
+from pathlib import Path
+
+HELP = "end-to-end demo on the embedded default: camera server, modeld, listener"
+
+
+def add_arguments(p) -> None:
+  p.add_argument("--full", action="store_true", help="use the full-size reference models (first compile takes minutes)")
+  p.add_argument("--seconds", type=float, default=20.0, help="length of the drive (default 20)")
+  p.add_argument("--out", type=Path, default=Path("demo-out"), help="where summary.json and plan.png go (default ./demo-out)")
+  p.add_argument("--camera", default="1928x1208", help="1928x1208 or 1344x760")
+  p.add_argument("--seed", type=int, default=0, help="road scene seed")
+
+
+def run(args) -> int:
+  from modeld_msm.demo import DemoOptions, print_summary, run_demo
+  from modeld_msm.errors import UserError
+  from selfdrive_glue.nv12 import parse_camera
+  parse_camera(args.camera)
+  if args.seconds <= 0:
+    raise UserError("--seconds must be positive")
+  s = run_demo(DemoOptions(full=args.full, seconds=args.seconds, out=args.out, camera=args.camera, seed=args.seed))
+  print_summary(s)
+  print(f"\n  wrote {args.out / 'summary.json'} and {args.out / 'plan.png'}")
+  return 0 if s["frames_received"] else 1

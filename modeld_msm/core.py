@@ -1,0 +1,180 @@
+"""One frame step of modeld, shared by `serve` (live msgq/VisionIPC) and `replay` (logs): state in, messages out.
+
+The caller feeds every subscribed Event it receives (`on_message`) and each paired camera frame (`on_frame`);
+ModeldCore never touches sockets or clocks of its own, which is what makes replay deterministic.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from modeld_msm.actions import Action, get_action
+from modeld_msm.fill_msg import PublishState, fill_model_msg, fill_pose_msg
+from modeld_msm.model_state import ModelState
+from selfdrive_glue import messaging
+from selfdrive_glue.camera import device_camera_config, get_warp_matrix
+from selfdrive_glue.desire_helper import DesireHelper
+from selfdrive_glue.filters import FrameDropFilter
+
+log = logging.getLogger("modeld")
+
+SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")
+PUBLISHED = ("modelV2", "drivingModelData", "cameraOdometry")
+DEMO_LONG_ACTUATOR_DELAY = 0.15   # used when no CarParams are available (openpilot's --demo does the same kind of thing)
+DEFAULT_LAT_DELAY = 0.2
+
+_NO_CARSTATE = SimpleNamespace(vEgo=0.0, leftBlinker=False, rightBlinker=False, steeringPressed=False, steeringTorque=0.0,
+                               leftBlindspot=False, rightBlindspot=False)
+
+
+@dataclass
+class Frame:
+  buf: np.ndarray          # uint8, at least nv12_info(w, h).size bytes (VENUS layout)
+  frame_id: int
+  timestamp_sof: int
+  timestamp_eof: int
+
+
+@dataclass
+class StepTiming:
+  model_s: float = 0.0     # warp + vision + policy + readback + parse (modelExecutionTime)
+  fill_s: float = 0.0      # action + message filling + serialisation
+
+
+@dataclass
+class CoreStats:
+  frames: int = 0
+  published: int = 0
+  dropped_steps: int = 0
+  nonfinite_steps: int = 0
+  bad_inputs: int = 0
+  last: StepTiming = field(default_factory=StepTiming)
+
+
+class ModeldCore:
+  def __init__(self, artifact: str | Path, car_params=None, clock: Callable[[], float] | None = None, main_wide: bool = False,
+               device: str | None = None, camera: tuple[int, int] | None = None):
+    self.model = ModelState(artifact, device=device, camera=camera)
+    self.clock = clock or time.perf_counter
+    self.main_wide = main_wide
+    self.long_delay = float(car_params.longitudinalActuatorDelay) if car_params is not None else DEMO_LONG_ACTUATOR_DELAY
+    self.dh = DesireHelper()
+    self.drop_filter = FrameDropFilter()
+    self.publish_state = PublishState()
+    self.prev_action = Action(0.0, 0.0, False)
+    self.latest: dict[str, object] = {}
+    self.updated: set[str] = set()
+    self.tfm = np.zeros((3, 3), np.float32)
+    self.big_tfm = np.zeros((3, 3), np.float32)
+    self.live_calib_seen = False
+    self.last_vipc_frame_id = 0
+    self.stats = CoreStats()
+    self._nonfinite_burst = False
+    self._calib_error: str | None = None
+
+  def on_message(self, evt) -> None:
+    """Feed one Event (replay: every logged Event in order; unsubscribed services are ignored)."""
+    which = evt.which()
+    if which in SUBSCRIBED:
+      self.on_member(which, getattr(evt, which))
+
+  def on_member(self, which: str, msg) -> None:
+    """Feed the union member of an Event directly (serve: what SubMaster.update() brought in)."""
+    self.latest[which] = msg
+    self.updated.add(which)
+
+  def _get(self, service: str, attr: str, default):
+    msg = self.latest.get(service)
+    return getattr(msg, attr) if msg is not None else default
+
+  def _update_transforms(self) -> None:
+    # like openpilot: only on a fresh liveCalibration, and only once the camera and device are known
+    if not ("liveCalibration" in self.updated and "roadCameraState" in self.latest and "deviceState" in self.latest):
+      return
+    try:
+      dc = device_camera_config(str(self.latest["deviceState"].deviceType), str(self.latest["roadCameraState"].sensor))
+      rpy = np.array(list(self.latest["liveCalibration"].rpyCalib), dtype=np.float64)
+      if rpy.shape != (3,) or not np.isfinite(rpy).all():
+        raise ValueError(f"rpyCalib must be 3 finite values, got {list(rpy)}")
+      main_cam = dc.ecam if self.main_wide else dc.fcam
+      self.tfm[:] = get_warp_matrix(rpy, main_cam.intrinsics, False).astype(np.float32)
+      self.big_tfm[:] = get_warp_matrix(rpy, dc.ecam.intrinsics, True).astype(np.float32)
+      self.live_calib_seen = True
+      self._calib_error = None
+    except Exception as e:  # a bad calibration message must not stop the model; keep the previous transforms
+      self.stats.bad_inputs += 1
+      if str(e) != self._calib_error:
+        log.error("ignoring liveCalibration: %s", e)
+        self._calib_error = str(e)
+
+  def on_frame(self, main: Frame, extra: Frame | None = None, log_mono_time: int | None = None) -> list[tuple[str, bytes]]:
+    """Run one step. Returns [(service, serialized Event)] in send order, or [] on a dropped (prepare-only) frame."""
+    extra = main if extra is None else extra
+    self.stats.frames += 1
+    desire = self.dh.desire  # the previous step's DesireHelper state, as openpilot does
+    is_rhd = bool(self._get("driverMonitoringState", "isRHD", False))
+    frame_id = int(self._get("roadCameraState", "frameId", 0))
+    v_ego = max(float(self._get("carState", "vEgo", 0.0)), 0.0)
+    lat_delay = float(self._get("liveDelay", "lateralDelay", DEFAULT_LAT_DELAY)) + 0.0
+    self._update_transforms()
+    self.updated.clear()
+
+    traffic_convention = np.zeros((1, 2), np.float32)
+    traffic_convention[0, int(is_rhd)] = 1
+    vec_desire = np.zeros(8, np.float32)
+    if 0 <= desire < 8:
+      vec_desire[desire] = 1
+
+    dropped = max(0, main.frame_id - self.last_vipc_frame_id - 1)
+    drop_ratio = self.drop_filter.update(dropped)
+    prepare_only = dropped > 0
+    if prepare_only:
+      log.debug("skipping model eval, dropped %d frames", dropped)
+
+    t1 = self.clock()
+    outputs, raw = self.model.run(main.buf, extra.buf, self.tfm, self.big_tfm, vec_desire, traffic_convention, prepare_only)
+    t2 = self.clock()
+    self.stats.last = StepTiming(model_s=t2 - t1)
+    self.last_vipc_frame_id = main.frame_id
+    if outputs is None:
+      self.stats.dropped_steps += 1
+      return []
+
+    finite = bool(np.isfinite(raw).all())
+    if not finite:
+      self.stats.nonfinite_steps += 1
+      if not self._nonfinite_burst:
+        log.error("model output has NaN/inf at frame %d; publishing with valid=False until it clears", main.frame_id)
+    self._nonfinite_burst = not finite
+    valid = self.live_calib_seen and finite
+
+    carstate = self.latest.get("carState", _NO_CARSTATE)
+    lat_active = bool(self._get("carControl", "latActive", False))
+    action = get_action(outputs["plan"][0], self.prev_action, self.long_delay, lat_delay, v_ego)
+    self.prev_action = action
+
+    model_msg = messaging.new_message("modelV2")
+    drv_msg = messaging.new_message("drivingModelData")
+    pose_msg = messaging.new_message("cameraOdometry")
+    fill_model_msg(model_msg, drv_msg, outputs, action, self.publish_state, main.frame_id, extra.frame_id, frame_id, drop_ratio,
+                   main.timestamp_eof, t2 - t1, valid)
+    desire_state = outputs["desire_state"][0]
+    self.dh.update(carstate, lat_active, float(desire_state[3] + desire_state[4]))
+    for m in (model_msg.modelV2.meta, drv_msg.drivingModelData.meta):
+      m.laneChangeState = self.dh.lane_change_state
+      m.laneChangeDirection = self.dh.lane_change_direction
+    fill_pose_msg(pose_msg, outputs, main.frame_id, dropped, main.timestamp_eof, self.live_calib_seen and finite)
+    out = []
+    for svc, msg in zip(PUBLISHED, (model_msg, drv_msg, pose_msg)):
+      if log_mono_time is not None:
+        msg.logMonoTime = log_mono_time
+      out.append((svc, msg.to_bytes()))
+    self.stats.published += 1
+    self.stats.last.fill_s = self.clock() - t2
+    return out

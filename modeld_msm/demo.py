@@ -1,0 +1,237 @@
+"""`modeld-msm demo`: the whole pipeline on one box, as separate processes over our msgq + VisionIPC, like on the car.
+
+  demo_camera (rendered road + wide frames, sensor services)  --VisionIPC/msgq-->  modeld  --msgq-->  listener (here)
+
+Ends with a summary table, demo-out/summary.json and demo-out/plan.png.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from modeld_msm.errors import UserError
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modeld-msm"
+
+
+@dataclass
+class DemoOptions:
+  full: bool = False
+  seconds: float = 20.0
+  out: Path = Path("demo-out")
+  camera: str = "1928x1208"
+  device: str = "CPU"
+  seed: int = 0
+
+
+def cached_artifact(size: str, camera: str, device: str, log=print) -> Path:
+  """Reference models -> artifact, cached under ~/.cache/modeld-msm by the hash of everything that shapes it."""
+  from compile.artifact import ArtifactError, installed_versions, verify_artifact
+  from compile.refmodels import write_models
+  from selfdrive_glue.nv12 import parse_camera
+  with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
+    models = write_models(td, size=size, seed=0)
+    h = hashlib.sha256()
+    for kind in ("vision", "policy"):
+      h.update(models[kind].path.read_bytes())
+    h.update(json.dumps([camera, device, installed_versions()]).encode())
+    art = CACHE / f"artifact-{size}-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
+    try:
+      verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera))
+      log(f"[demo] using cached artifact {art}")
+      return art
+    except ArtifactError:
+      pass
+    log(f"[demo] compiling the {size} reference models for {camera} on {device} (cached afterwards)")
+    from compile.build import compile_artifact
+    t = time.perf_counter()
+    report = compile_artifact(models["vision"].path, models["policy"].path, parse_camera(camera), device, art, log=log)
+    log(report.table())
+    log(f"[demo] compiled in {time.perf_counter() - t:.1f}s")
+  return art
+
+
+def rss_mb(pid: int) -> float | None:
+  try:
+    for line in open(f"/proc/{pid}/status"):
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) / 1024
+  except OSError:
+    return None
+  return None
+
+
+@dataclass
+class Trace:
+  t: list[float] = field(default_factory=list)
+  frame_id: list[int] = field(default_factory=list)
+  exec_ms: list[float] = field(default_factory=list)
+  latency_ms: list[float] = field(default_factory=list)
+  drop_perc: list[float] = field(default_factory=list)
+  lane_y: list[list[float]] = field(default_factory=list)      # 4 lane lines, y at ~20 m
+  plan_y: list[float] = field(default_factory=list)            # plan lateral position at ~20 m
+  curvature: list[float] = field(default_factory=list)
+  accel: list[float] = field(default_factory=list)
+  valid: list[bool] = field(default_factory=list)
+
+
+def _record(trace: Trace, m, t: float, valid: bool) -> None:
+  from modeld_msm.constants import X_IDXS
+  k = int(np.searchsorted(X_IDXS, 20.0))
+  trace.t.append(t)
+  trace.frame_id.append(m.frameId)
+  trace.exec_ms.append(m.modelExecutionTime * 1e3)
+  trace.latency_ms.append((time.monotonic_ns() - m.timestampEof) / 1e6)
+  trace.drop_perc.append(m.frameDropPerc)
+  trace.lane_y.append([float(ll.y[k]) if len(ll.y) > k else float("nan") for ll in m.laneLines])
+  px, py = list(m.position.x), list(m.position.y)
+  trace.plan_y.append(float(np.interp(20.0, px, py)) if px else float("nan"))
+  trace.curvature.append(m.action.desiredCurvature)
+  trace.accel.append(m.action.desiredAcceleration)
+  trace.valid.append(valid)
+
+
+def run_demo(opts: DemoOptions) -> dict:
+  from tqdm import tqdm
+  opts.out.mkdir(parents=True, exist_ok=True)
+  art = cached_artifact("full" if opts.full else "tiny", opts.camera, opts.device)
+  prefix = f"demo{uuid.uuid4().hex[:8]}"
+  env = dict(os.environ, OPENPILOT_PREFIX=prefix, PYTHONUNBUFFERED="1")
+  os.environ["OPENPILOT_PREFIX"] = prefix  # the listener in this process uses the same namespace
+  from selfdrive_glue import messaging  # noqa: E402 - after the prefix is set
+  stats_file = opts.out / ".camera-stats.json"
+  logs = {n: open(opts.out / f"{n}.log", "w") for n in ("camera", "modeld")}
+  sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
+  modeld = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(art), "--demo"], env=env,
+                            stdout=logs["modeld"], stderr=subprocess.STDOUT)
+  camera = subprocess.Popen([sys.executable, "-m", "modeld_msm.demo_camera", "--camera", opts.camera, "--seconds", str(opts.seconds),
+                             "--seed", str(opts.seed), "--stats", str(stats_file)], env=env, stdout=logs["camera"], stderr=subprocess.STDOUT)
+  trace = Trace()
+  counts = {"modelV2": 0, "drivingModelData": 0, "cameraOdometry": 0}
+  rss_start = rss_end = None
+  expected = int(opts.seconds * 20)
+  t0 = time.monotonic()
+  bar = tqdm(total=expected, unit="frame", desc="modelV2", dynamic_ncols=True)
+  try:
+    while True:
+      sm.update(100)
+      for s in counts:
+        if sm.updated[s]:
+          counts[s] += 1
+      if sm.updated["modelV2"]:
+        m = sm["modelV2"]
+        _record(trace, m, time.monotonic() - t0, sm.valid["modelV2"])
+        if rss_start is None:
+          rss_start = rss_mb(modeld.pid)
+        rss_end = rss_mb(modeld.pid) or rss_end
+        bar.update(1)
+        bar.set_postfix_str(f"{m.modelExecutionTime * 1e3:.1f} ms/frame, drop {m.frameDropPerc:.1f}%")
+      if camera.poll() is not None:
+        # let the last frames drain through modeld
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+          sm.update(100)
+          if sm.updated["modelV2"]:
+            counts["modelV2"] += 1
+            _record(trace, sm["modelV2"], time.monotonic() - t0, sm.valid["modelV2"])
+            bar.update(1)
+        break
+      if modeld.poll() is not None:
+        raise UserError(f"modeld exited early with code {modeld.returncode}; see {opts.out / 'modeld.log'}")
+      if time.monotonic() - t0 > opts.seconds + 600:
+        raise UserError("demo timed out waiting for the camera process")
+  finally:
+    bar.close()
+    for p in (camera, modeld):
+      if p.poll() is None:
+        p.send_signal(signal.SIGINT)
+    for p in (camera, modeld):
+      try:
+        p.wait(10)
+      except subprocess.TimeoutExpired:
+        p.kill()
+    for f in logs.values():
+      f.close()
+  cam_stats = json.loads(stats_file.read_text()) if stats_file.exists() else {"frames_sent": None, "late_frames": None}
+  stats_file.unlink(missing_ok=True)
+  summary = summarize(trace, counts, cam_stats, rss_start, rss_end, art, opts)
+  tmp = opts.out / "summary.json.tmp"
+  tmp.write_text(json.dumps(summary, indent=1))
+  os.replace(tmp, opts.out / "summary.json")
+  plot(trace, opts.out / "plan.png", summary)
+  return summary
+
+
+def summarize(trace: Trace, counts, cam_stats, rss_start, rss_end, art: Path, opts: DemoOptions) -> dict:
+  ex = np.array(trace.exec_ms[1:] or [float("nan")])
+  lat = np.array(trace.latency_ms[1:] or [float("nan")])
+  sent = cam_stats.get("frames_sent")
+  return {
+    "models": "full" if opts.full else "tiny", "camera": opts.camera, "device": opts.device, "artifact": str(art),
+    "seconds": opts.seconds,
+    "frames_sent": sent, "frames_received": counts["modelV2"], "published": counts,
+    "frames_dropped": (sent - counts["modelV2"]) if sent is not None else None,
+    "dropped_ratio": ((sent - counts["modelV2"]) / sent) if sent else None,
+    "camera_late_frames": cam_stats.get("late_frames"),
+    "ms_per_frame_p50": float(np.nanpercentile(ex, 50)), "ms_per_frame_p99": float(np.nanpercentile(ex, 99)),
+    "eof_to_publish_ms_p50": float(np.nanpercentile(lat, 50)), "eof_to_publish_ms_p99": float(np.nanpercentile(lat, 99)),
+    "max_frameDropPerc": float(max(trace.drop_perc, default=0.0)),
+    "valid_ratio": float(np.mean(trace.valid)) if trace.valid else None,
+    "rss_mb_start": rss_start, "rss_mb_end": rss_end,
+  }
+
+
+def plot(trace: Trace, path: Path, summary: dict) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+  t = np.array(trace.t)
+  if len(t):
+    lanes = np.array(trace.lane_y)
+    for i in range(lanes.shape[1]):
+      ax[0].plot(t, lanes[:, i], lw=1, label=f"lane line {i}")
+    ax[0].plot(t, trace.plan_y, "k", lw=2, label="plan")
+    ax[1].plot(t, trace.curvature, label="desiredCurvature")
+    ax2 = ax[1].twinx()
+    ax2.plot(t, trace.accel, "tab:red", label="desiredAcceleration")
+    ax2.set_ylabel("m/s²", color="tab:red")
+    ax[2].plot(t, trace.exec_ms, label="modelExecutionTime")
+    ax[2].plot(t, trace.latency_ms, label="EOF → received")
+  ax[0].set_ylabel("lateral y at 20 m (m)")
+  ax[0].legend(loc="upper right", fontsize=8)
+  ax[1].set_ylabel("1/m")
+  ax[1].legend(loc="upper left", fontsize=8)
+  ax[2].set_ylabel("ms")
+  ax[2].set_xlabel("s")
+  ax[2].legend(loc="upper right", fontsize=8)
+  fig.suptitle(f"modeld-msm demo: {summary['models']} models, {summary['camera']}, {summary['device']} — "
+               f"p50 {summary['ms_per_frame_p50']:.1f} ms/frame, {summary['frames_received']} frames")
+  fig.tight_layout()
+  tmp = path.with_suffix(".tmp.png")
+  fig.savefig(tmp, dpi=90)
+  plt.close(fig)
+  os.replace(tmp, path)
+
+
+def print_summary(s: dict) -> None:
+  rows = [("frames sent (camera)", s["frames_sent"]), ("modelV2 received", s["frames_received"]),
+          ("drivingModelData / cameraOdometry", f"{s['published']['drivingModelData']} / {s['published']['cameraOdometry']}"),
+          ("frames dropped", s["frames_dropped"]),
+          ("ms/frame p50 / p99 (modelExecutionTime)", f"{s['ms_per_frame_p50']:.2f} / {s['ms_per_frame_p99']:.2f}"),
+          ("EOF → listener ms p50 / p99", f"{s['eof_to_publish_ms_p50']:.2f} / {s['eof_to_publish_ms_p99']:.2f}"),
+          ("max frameDropPerc", f"{s['max_frameDropPerc']:.2f}"),
+          ("modeld RSS MB start / end", f"{s['rss_mb_start']} / {s['rss_mb_end']}")]
+  w = max(len(k) for k, _ in rows)
+  print("\n" + "\n".join(f"  {k:{w}s}  {v}" for k, v in rows))

@@ -1,0 +1,121 @@
+"""The demo's camera + sensor process: rendered road and wide frames over VisionIPC at 20 Hz, and the cereal services
+modeld subscribes to at their rates, all from one deterministic RoadScene (the renderer `synth` also uses)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from selfdrive_glue import messaging
+from selfdrive_glue import synth as S
+from selfdrive_glue.nv12 import nv12_info, parse_camera
+from selfdrive_glue.road_render import RoadScene
+from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
+
+FRAME_NS = 50_000_000
+N_BUFFERS = 6
+SENSOR_SERVICES = ["roadCameraState", "wideRoadCameraState", "carState", "carControl", "liveCalibration", "liveDelay",
+                   "deviceState", "driverMonitoringState"]
+
+
+def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict:
+  w, h = parse_camera(camera)
+  info = nv12_info(w, h)
+  scene = RoadScene(seed, camera)
+  vipc = VisionIpcServer(server)
+  for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD):
+    vipc.create_buffers_with_sizes(st, N_BUFFERS, w, h, info.size, info.stride, info.uv_offset)
+  vipc.start_listener()
+  pm = messaging.PubMaster(SENSOR_SERVICES)
+  sensor, device = S._sensor_and_device(camera)
+  stop = False
+
+  def _stop(*_):
+    nonlocal stop
+    stop = True
+  signal.signal(signal.SIGTERM, _stop)
+  signal.signal(signal.SIGINT, _stop)
+
+  def send(service: str, fill) -> None:
+    ev = messaging.new_message(service, valid=True)
+    fill(getattr(ev, service))
+    pm.send(service, ev)
+
+  def cal_fill(lc):
+    lc.rpyCalib = list(scene.calib_rpy)
+    lc.calStatus = "calibrated"
+    lc.calPerc = 100
+
+  def delay_fill(ld):
+    ld.lateralDelay = 0.2
+
+  def dev_fill(ds):
+    ds.deviceType = device
+    ds.started = True
+
+  def dm_fill(dm):
+    dm.isRHD = False
+    dm.faceDetected = True
+
+  bufs = {st: [bytearray(info.size) for _ in range(2)] for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD)}
+  import numpy as np
+  arrays = {st: [np.frombuffer(b, np.uint8) for b in bl] for st, bl in bufs.items()}
+  n_frames = int(seconds * 20) if seconds > 0 else 1 << 62
+  start = time.monotonic_ns() + FRAME_NS
+  late = 0
+  sent = 0
+  for i in range(n_frames):
+    if stop:
+      break
+    deadline = start + i * FRAME_NS
+    now = time.monotonic_ns()
+    if now < deadline:
+      time.sleep((deadline - now) / 1e9)
+    elif now - deadline > FRAME_NS:
+      late += 1
+    t = i * FRAME_NS / 1e9
+    sof = time.monotonic_ns()
+    road, wide = arrays[VisionStreamType.ROAD][i % 2], arrays[VisionStreamType.WIDE_ROAD][i % 2]
+    scene.render_into(road, t, "road")
+    scene.render_into(wide, t, "wide")
+    eof = sof + S.READOUT_NS
+    vipc.send(VisionStreamType.ROAD, road, i + 1, sof, eof)
+    vipc.send(VisionStreamType.WIDE_ROAD, wide, i + 1, sof, eof)
+    send("roadCameraState", S._fill_frame(sensor, i + 1, sof))
+    send("wideRoadCameraState", S._fill_frame(sensor, i + 1, sof))
+    send("driverMonitoringState", dm_fill)
+    ego = scene.ego(t)
+    for _ in range(5):  # 100 Hz services, in a burst per frame period
+      send("carState", S._fill_car_state(ego))
+      send("carControl", S._fill_car_control(ego))
+    if i % 5 == 0:
+      send("liveCalibration", cal_fill)
+      send("liveDelay", delay_fill)
+    if i % 10 == 0:
+      send("deviceState", dev_fill)
+    sent += 1
+  vipc.close()
+  return {"frames_sent": sent, "late_frames": late}
+
+
+def main() -> int:
+  p = argparse.ArgumentParser(prog="demo_camera")
+  p.add_argument("--camera", default="1928x1208")
+  p.add_argument("--seconds", type=float, default=0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--stats", help="write a JSON summary here on exit")
+  a = p.parse_args()
+  stats = run(a.camera, a.seconds, a.seed)
+  if a.stats:
+    tmp = a.stats + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(stats, f)
+    os.replace(tmp, a.stats)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

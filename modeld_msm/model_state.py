@@ -1,0 +1,69 @@
+"""Runs a verified artifact: host inputs, the desire pulse, frame tensors over camera buffers, output slicing + parsing."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from compile.artifact import VerifiedArtifact, load_programs, verify_artifact
+from compile.program import DESIRE_LEN, HostInputs
+from modeld_msm.parse_outputs import parse_policy_outputs, parse_vision_outputs, slice_outputs
+from selfdrive_glue.nv12 import nv12_info
+
+SEND_RAW_PRED = os.environ.get("SEND_RAW_PRED") == "1"
+
+
+class ModelState:
+  def __init__(self, artifact: str | Path | VerifiedArtifact, device: str | None = None, camera: tuple[int, int] | None = None):
+    self.artifact = artifact if isinstance(artifact, VerifiedArtifact) else verify_artifact(artifact, device=device, camera=camera)
+    self.policy_jit, self.warp_jit = load_programs(self.artifact)
+    from tinygrad import Device
+    self.device = Device.DEFAULT
+    self.nv12 = nv12_info(*self.artifact.camera)
+    self.vision_slices = self.artifact.output_slices("vision")
+    self.policy_slices = self.artifact.output_slices("policy")
+    self.host = HostInputs.zeros()
+    self.host_t = self.host.tensors()
+    self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
+    self._frames: dict[tuple[str, int], object] = {}
+    zero = np.zeros(self.nv12.size, np.uint8)
+    self._zero = zero  # the tensor below points into it
+    self._call(self.warp_jit, self._frame("main", zero), self._frame("extra", zero))  # like openpilot: warm the warp once
+
+  def _frame(self, key: str, buf: np.ndarray):
+    # VisionIPC reuses a ring of buffers, so a tensor per (camera, buffer address) is made once and reused
+    if buf.dtype != np.uint8 or buf.size < self.nv12.size:
+      raise ValueError(f"camera buffer of {buf.size} bytes ({buf.dtype}) is smaller than the {self.nv12.size}-byte NV12 frame")
+    k = (key, buf.ctypes.data)
+    if (t := self._frames.get(k)) is None:
+      from compile.build import frame_tensor
+      t = self._frames[k] = frame_tensor(buf[:self.nv12.size], self.device)
+    return t
+
+  def _call(self, jit, frame, big_frame):
+    h = self.host_t
+    return jit(frame, big_frame, h["desire"], h["traffic_convention"], h["tfm"], h["big_tfm"])
+
+  def run(self, buf: np.ndarray, big_buf: np.ndarray, tfm: np.ndarray, big_tfm: np.ndarray, desire: np.ndarray,
+          traffic_convention: np.ndarray, prepare_only: bool) -> tuple[dict[str, np.ndarray] | None, np.ndarray | None]:
+    """-> (parsed outputs, raw concat) or (None, None) on a prepare-only (dropped) frame."""
+    desire = np.asarray(desire, np.float32).copy()
+    desire[0] = 0
+    # a pulse only on rising edges; prev is updated on dropped frames too, so an edge there is lost (as in openpilot)
+    self.host.desire[:] = np.where(desire - self.prev_desire > .99, desire, 0)
+    self.prev_desire[:] = desire
+    self.host.traffic_convention[:] = traffic_convention
+    self.host.tfm[:] = tfm
+    self.host.big_tfm[:] = big_tfm
+    frame, big_frame = self._frame("main", buf), self._frame("extra", big_buf)
+    if prepare_only:
+      self._call(self.warp_jit, frame, big_frame)
+      return None, None
+    v, p = self._call(self.policy_jit, frame, big_frame)
+    vision, policy = v.numpy().reshape(-1), p.numpy().reshape(-1)
+    out = {**parse_vision_outputs(slice_outputs(vision, self.vision_slices)), **parse_policy_outputs(slice_outputs(policy, self.policy_slices))}
+    raw = np.concatenate([vision, policy])
+    if SEND_RAW_PRED:
+      out["raw_pred"] = raw.copy()
+    return out, raw

@@ -1,0 +1,191 @@
+"""The modeld process: VisionIPC frames + cereal messages in, modelV2 / drivingModelData / cameraOdometry out.
+
+Reads like openpilot's selfdrive/modeld/modeld.py: discover streams, pair frames on start-of-frame time, feed the
+step (modeld_msm.core), publish. Run by openpilot's manager as `python -m modeld_msm.modeld` (or `selfdrive.modeld.modeld`
+via the shim in release/), or as `modeld-msm serve`.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from modeld_msm.core import PUBLISHED, SUBSCRIBED, Frame, ModeldCore
+from modeld_msm.errors import UserError
+from selfdrive_glue import messaging
+from selfdrive_glue.nv12 import nv12_info
+from selfdrive_glue.visionipc import VisionIpcClient, VisionStreamType
+
+log = logging.getLogger("modeld")
+PAIR_WINDOW_NS = 25_000_000     # frames closer than this belong to the same capture
+OUT_OF_SYNC_NS = 10_000_000
+RT_CORE, RT_PRIORITY = 7, 54
+
+
+@dataclass
+class ServeOptions:
+  artifact: str
+  car_params: str | None = None
+  server: str = "camerad"
+  max_frames: int = 0          # 0 = run forever
+  realtime: bool = True
+
+
+def config_realtime(core: int = RT_CORE, priority: int = RT_PRIORITY) -> str:
+  """SCHED_FIFO + core pinning like openpilot's config_realtime_process; returns a note of what was (not) applied."""
+  gc.disable()
+  notes = []
+  try:
+    if core < (os.cpu_count() or 1):
+      os.sched_setaffinity(0, {core})
+      notes.append(f"pinned to core {core}")
+    else:
+      notes.append(f"core {core} absent, not pinned")
+  except OSError as e:
+    notes.append(f"no core pinning ({e.strerror})")
+  try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    notes.append(f"SCHED_FIFO {priority}")
+  except (OSError, PermissionError) as e:
+    notes.append(f"no realtime priority ({getattr(e, 'strerror', e)})")
+  return ", ".join(notes)
+
+
+def load_car_params(path: str | None):
+  """CarParams from --car-params FILE, else openpilot's Params, else None (demo defaults)."""
+  if path:
+    try:
+      data = open(path, "rb").read()
+      with messaging.car.CarParams.from_bytes(data) as cp:
+        return cp.as_builder().as_reader()
+    except FileNotFoundError:
+      raise UserError(f"car params file not found: {path}") from None
+    except Exception as e:
+      raise UserError(f"{path} is not serialized car.CarParams bytes ({type(e).__name__}); pass the Params file CarParams") from None
+  from selfdrive_glue.params import Params
+  data = Params().get("CarParams")
+  if data:
+    try:
+      with messaging.car.CarParams.from_bytes(data) as cp:
+        return cp.as_builder().as_reader()
+    except Exception as e:
+      log.error("Params CarParams unreadable (%s); using demo defaults", e)
+  return None
+
+
+def connect_streams(server: str, stop) -> tuple[VisionIpcClient, VisionIpcClient | None, bool]:
+  """Wait for camerad; main = road (or wide when road is absent), extra = wide when both exist."""
+  while not stop():
+    streams = VisionIpcClient.available_streams(server, block=False)
+    if streams:
+      use_extra = VisionStreamType.ROAD in streams and VisionStreamType.WIDE_ROAD in streams
+      main_wide = VisionStreamType.ROAD not in streams
+      main = VisionIpcClient(server, VisionStreamType.WIDE_ROAD if main_wide else VisionStreamType.ROAD, True)
+      extra = VisionIpcClient(server, VisionStreamType.WIDE_ROAD, False) if use_extra else None
+      while not stop() and not main.connect(False):
+        time.sleep(0.1)
+      while extra is not None and not stop() and not extra.connect(False):
+        time.sleep(0.1)
+      return main, extra, main_wide
+    time.sleep(0.1)
+  raise KeyboardInterrupt
+
+
+def check_geometry(client: VisionIpcClient, expect: tuple[int, int]) -> None:
+  info = nv12_info(*expect)
+  if (client.width, client.height) != expect:
+    raise UserError(f"camera stream is {client.width}x{client.height}, the artifact is for {expect[0]}x{expect[1]}; "
+                    f"compile an artifact with --camera {client.width}x{client.height}")
+  if client.stride != info.stride or client.uv_offset != info.uv_offset:
+    raise UserError(f"camera stream stride/uv_offset {client.stride}/{client.uv_offset} differ from the VENUS layout "
+                    f"{info.stride}/{info.uv_offset} for {expect[0]}x{expect[1]}; refusing the stream")
+
+
+def serve(opts: ServeOptions) -> int:
+  stopping = False
+
+  def _stop(*_):
+    nonlocal stopping
+    stopping = True
+  signal.signal(signal.SIGINT, _stop)
+  signal.signal(signal.SIGTERM, _stop)
+  if opts.realtime:
+    log.info("realtime: %s", config_realtime())
+
+  car_params = load_car_params(opts.car_params)
+  log.info("connecting to VisionIPC server %r", opts.server)
+  main, extra, main_wide = connect_streams(opts.server, lambda: stopping)
+  core = ModeldCore(opts.artifact, car_params=car_params, main_wide=main_wide)
+  cam = core.model.artifact.camera
+  check_geometry(main, cam)
+  if extra is not None:
+    check_geometry(extra, cam)
+  log.info("streams: main=%s extra=%s, artifact %s (%s)", "wide" if main_wide else "road", "wide" if extra else "none",
+           opts.artifact, core.model.artifact.target)
+  pm = messaging.PubMaster(list(PUBLISHED))
+  sm = messaging.SubMaster(list(SUBSCRIBED))
+
+  main_frame = extra_frame = None
+  published = 0
+  while not stopping and (opts.max_frames == 0 or published < opts.max_frames):
+    # pair main and extra on start-of-frame time (openpilot's 25 ms rule)
+    while main_frame is None or (extra_frame is not None and main_frame.timestamp_sof < extra_frame.timestamp_sof + PAIR_WINDOW_NS):
+      buf = main.recv()
+      if buf is None:
+        if not main.is_connected():
+          log.warning("main camera stream lost; reconnecting")
+          main, extra, main_wide = connect_streams(opts.server, lambda: stopping)
+        main_frame = None
+        break
+      main_frame = Frame(buf.data, main.frame_id, main.timestamp_sof, main.timestamp_eof)
+      if extra is None:
+        break
+    if main_frame is None:
+      continue
+    if extra is not None:
+      while extra_frame is None or main_frame.timestamp_sof > extra_frame.timestamp_sof + PAIR_WINDOW_NS:
+        buf = extra.recv()
+        if buf is None:
+          extra_frame = None
+          break
+        extra_frame = Frame(buf.data, extra.frame_id, extra.timestamp_sof, extra.timestamp_eof)
+      if extra_frame is None:
+        main_frame = None
+        continue
+      if abs(main_frame.timestamp_sof - extra_frame.timestamp_sof) > OUT_OF_SYNC_NS:
+        log.error("frames out of sync! main: %d (%.5f), extra: %d (%.5f)", main_frame.frame_id, main_frame.timestamp_sof / 1e9,
+                  extra_frame.frame_id, extra_frame.timestamp_sof / 1e9)
+    sm.update(0)
+    for svc in SUBSCRIBED:
+      if sm.updated[svc]:
+        core.on_member(svc, sm[svc])
+    for svc, dat in core.on_frame(main_frame, extra_frame):
+      pm.send(svc, dat)
+    if core.stats.published > published:
+      published = core.stats.published
+    main_frame = None
+  log.info("modeld stopping: %d frames, %d published, %d dropped steps", core.stats.frames, core.stats.published, core.stats.dropped_steps)
+  return 0
+
+
+def main() -> int:
+  import argparse
+  logging.basicConfig(level=os.environ.get("LOGLEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+  p = argparse.ArgumentParser(prog="modeld")
+  p.add_argument("--artifact", default=os.environ.get("MODELD_ARTIFACT"), help="artifact dir (or $MODELD_ARTIFACT)")
+  p.add_argument("--car-params", help="serialized car.CarParams file")
+  p.add_argument("--demo", action="store_true", help="ignore Params and use demo car params")
+  a = p.parse_args()
+  if not a.artifact:
+    raise SystemExit("modeld: no artifact; pass --artifact DIR or set MODELD_ARTIFACT")
+  try:
+    return serve(ServeOptions(a.artifact, a.car_params))
+  except UserError as e:
+    raise SystemExit(f"modeld: error: {e}") from None
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
