@@ -105,7 +105,8 @@ class _Steps:
   def args(self, i: int, host_np, host_t) -> tuple:
     for k, v in self.host[i].items():
       host_np[k][...] = v
-    return (self.tensors[(2 * i) % 6], self.tensors[(2 * i + 1) % 6], host_t["desire"], host_t["traffic_convention"], host_t["tfm"], host_t["big_tfm"])
+    frames = (self.tensors[(2 * i) % 6], self.tensors[(2 * i + 1) % 6])
+    return (*frames, host_t["desire"], host_t["traffic_convention"], host_t["tfm"], host_t["big_tfm"])
 
 
 def _run_sequence(policy_fn, warp_fn, steps: _Steps, host_np, host_t, queues) -> list[dict[str, np.ndarray]]:

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from modeld_msm.actions import Action, get_action
-from modeld_msm.fill_msg import PublishState, fill_model_msg, fill_pose_msg
+from modeld_msm.fill_msg import PublishState, fill_lane_change, fill_model_msg, fill_pose_msg, lane_change_prob
 from modeld_msm.model_state import ModelState
 from selfdrive_glue import messaging
-from selfdrive_glue.camera import device_camera_config, get_warp_matrix
+from selfdrive_glue.camera import model_transforms
 from selfdrive_glue.desire_helper import DesireHelper
 from selfdrive_glue.filters import FrameDropFilter
 
@@ -98,13 +98,11 @@ class ModeldCore:
     if not ("liveCalibration" in self.updated and "roadCameraState" in self.latest and "deviceState" in self.latest):
       return
     try:
-      dc = device_camera_config(str(self.latest["deviceState"].deviceType), str(self.latest["roadCameraState"].sensor))
       rpy = np.array(list(self.latest["liveCalibration"].rpyCalib), dtype=np.float64)
       if rpy.shape != (3,) or not np.isfinite(rpy).all():
         raise ValueError(f"rpyCalib must be 3 finite values, got {list(rpy)}")
-      main_cam = dc.ecam if self.main_wide else dc.fcam
-      self.tfm[:] = get_warp_matrix(rpy, main_cam.intrinsics, False).astype(np.float32)
-      self.big_tfm[:] = get_warp_matrix(rpy, dc.ecam.intrinsics, True).astype(np.float32)
+      self.tfm[:], self.big_tfm[:] = model_transforms(rpy, str(self.latest["deviceState"].deviceType),
+                                                      str(self.latest["roadCameraState"].sensor), self.main_wide)
       self.live_calib_seen = True
       self._calib_error = None
     except Exception as e:  # a bad calibration message must not stop the model; keep the previous transforms
@@ -164,11 +162,8 @@ class ModeldCore:
     pose_msg = messaging.new_message("cameraOdometry")
     fill_model_msg(model_msg, drv_msg, outputs, action, self.publish_state, main.frame_id, extra.frame_id, frame_id, drop_ratio,
                    main.timestamp_eof, t2 - t1, valid)
-    desire_state = outputs["desire_state"][0]
-    self.dh.update(carstate, lat_active, float(desire_state[3] + desire_state[4]))
-    for m in (model_msg.modelV2.meta, drv_msg.drivingModelData.meta):
-      m.laneChangeState = self.dh.lane_change_state
-      m.laneChangeDirection = self.dh.lane_change_direction
+    self.dh.update(carstate, lat_active, lane_change_prob(model_msg))
+    fill_lane_change(model_msg, drv_msg, self.dh.lane_change_state, self.dh.lane_change_direction)
     fill_pose_msg(pose_msg, outputs, main.frame_id, dropped, main.timestamp_eof, self.live_calib_seen and finite)
     out = []
     for svc, msg in zip(PUBLISHED, (model_msg, drv_msg, pose_msg)):

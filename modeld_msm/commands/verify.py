@@ -17,8 +17,9 @@ def run(args) -> int:
   art = verify_artifact(args.artifact, device=args.device, camera=parse_camera(args.camera) if args.camera else None)
   m = art.meta
   print(f"{art.path}: OK")
-  print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}  renderer {m['renderer']}  arch {m['arch']}")
-  print(f"  versions " + "  ".join(f"{k} {v}" for k, v in m["versions"].items()))
+  print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}")
+  print(f"  renderer {m['renderer']}  arch {m['arch']}  host {m['host']}")
+  print("  versions " + "  ".join(f"{k} {v}" for k, v in m["versions"].items()))
   for kind, mm in m["models"].items():
     print(f"  {kind:7s} {mm['file']}  sha256 {mm['sha256'][:16]}…  out {mm['output_shapes']}")
   print(f"  files    {len(art.digests)} checked against the manifest")
