@@ -140,6 +140,19 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
   return art
 
 
+def resolve_artifact(path: str | Path, camera: tuple[int, int]) -> Path:
+  """An artifact dir, or a release bundle holding one artifact per camera size (`<bundle>/<w>x<h>/`)."""
+  path = Path(path)
+  if (path / MANIFEST).exists():
+    return path
+  sub = path / f"{camera[0]}x{camera[1]}"
+  if (sub / MANIFEST).exists():
+    return sub
+  have = sorted(p.name for p in path.iterdir() if (p / MANIFEST).exists()) if path.is_dir() else []
+  raise ArtifactError(f"no artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'}); "
+                      f"compile one with `modeld-msm compile --camera {camera[0]}x{camera[1]}`")
+
+
 def activate_target(art: VerifiedArtifact) -> None:
   """Point tinygrad at the artifact's device/renderer before anything is unpickled (pickles open their device)."""
   from tinygrad.helpers import DEV

@@ -60,9 +60,6 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict
     dm.isRHD = False
     dm.faceDetected = True
 
-  bufs = {st: [bytearray(info.size) for _ in range(2)] for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD)}
-  import numpy as np
-  arrays = {st: [np.frombuffer(b, np.uint8) for b in bl] for st, bl in bufs.items()}
   n_frames = int(seconds * 20) if seconds > 0 else 1 << 62
   start = time.monotonic_ns() + FRAME_NS
   late = 0
@@ -77,13 +74,15 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict
     elif now - deadline > FRAME_NS:
       late += 1
     t = i * FRAME_NS / 1e9
-    sof = time.monotonic_ns()
-    road, wide = arrays[VisionStreamType.ROAD][i % 2], arrays[VisionStreamType.WIDE_ROAD][i % 2]
-    scene.render_into(road, t, "road")
-    scene.render_into(wide, t, "wide")
-    eof = sof + S.READOUT_NS
-    vipc.send(VisionStreamType.ROAD, road, i + 1, sof, eof)
-    vipc.send(VisionStreamType.WIDE_ROAD, wide, i + 1, sof, eof)
+    # render straight into the shared buffers (zero-copy), like camerad's ISP output
+    road, wide = vipc.get_buffer(VisionStreamType.ROAD), vipc.get_buffer(VisionStreamType.WIDE_ROAD)
+    scene.render_into(road.data, t, "road")
+    scene.render_into(wide.data, t, "wide")
+    # like camerad, a frame is handed out after its readout: EOF is now, SOF one readout earlier
+    eof = time.monotonic_ns()
+    sof = eof - S.READOUT_NS
+    vipc.send_buf(road, i + 1, sof, eof)
+    vipc.send_buf(wide, i + 1, sof, eof)
     send("roadCameraState", S._fill_frame(sensor, i + 1, sof))
     send("wideRoadCameraState", S._fill_frame(sensor, i + 1, sof))
     send("driverMonitoringState", dm_fill)

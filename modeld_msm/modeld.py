@@ -12,7 +12,9 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+from compile.artifact import resolve_artifact
 from modeld_msm.core import PUBLISHED, SUBSCRIBED, Frame, ModeldCore
 from modeld_msm.errors import UserError
 from selfdrive_glue import messaging
@@ -23,6 +25,8 @@ log = logging.getLogger("modeld")
 PAIR_WINDOW_NS = 25_000_000     # frames closer than this belong to the same capture
 OUT_OF_SYNC_NS = 10_000_000
 RT_CORE, RT_PRIORITY = 7, 54
+# where `python -m release.build` installs the per-camera artifacts; what openpilot's process table runs without arguments
+DEFAULT_BUNDLE = Path(__file__).resolve().parents[1] / "artifacts"
 
 
 @dataclass
@@ -32,6 +36,7 @@ class ServeOptions:
   server: str = "camerad"
   max_frames: int = 0          # 0 = run forever
   realtime: bool = True
+  use_params: bool = True      # read CarParams from openpilot's Params when no file is given
 
 
 def config_realtime(core: int = RT_CORE, priority: int = RT_PRIORITY) -> str:
@@ -54,7 +59,7 @@ def config_realtime(core: int = RT_CORE, priority: int = RT_PRIORITY) -> str:
   return ", ".join(notes)
 
 
-def load_car_params(path: str | None):
+def load_car_params(path: str | None, use_params: bool = True):
   """CarParams from --car-params FILE, else openpilot's Params, else None (demo defaults)."""
   if path:
     try:
@@ -65,6 +70,8 @@ def load_car_params(path: str | None):
       raise UserError(f"car params file not found: {path}") from None
     except Exception as e:
       raise UserError(f"{path} is not serialized car.CarParams bytes ({type(e).__name__}); pass the Params file CarParams") from None
+  if not use_params:
+    return None
   from selfdrive_glue.params import Params
   data = Params().get("CarParams")
   if data:
@@ -94,14 +101,14 @@ def connect_streams(server: str, stop) -> tuple[VisionIpcClient, VisionIpcClient
   raise KeyboardInterrupt
 
 
-def check_geometry(client: VisionIpcClient, expect: tuple[int, int]) -> None:
-  info = nv12_info(*expect)
-  if (client.width, client.height) != expect:
-    raise UserError(f"camera stream is {client.width}x{client.height}, the artifact is for {expect[0]}x{expect[1]}; "
-                    f"compile an artifact with --camera {client.width}x{client.height}")
-  if client.stride != info.stride or client.uv_offset != info.uv_offset:
-    raise UserError(f"camera stream stride/uv_offset {client.stride}/{client.uv_offset} differ from the VENUS layout "
-                    f"{info.stride}/{info.uv_offset} for {expect[0]}x{expect[1]}; refusing the stream")
+def check_geometry(client: VisionIpcClient) -> tuple[int, int]:
+  """Refuse streams whose buffers are not camerad's VENUS NV12 layout; returns the camera size."""
+  size = (client.width, client.height)
+  info = nv12_info(*size)
+  if client.stride != info.stride or client.uv_offset != info.uv_offset or client.buffer_len < info.size:
+    raise UserError(f"camera stream {size[0]}x{size[1]} has stride/uv_offset/len {client.stride}/{client.uv_offset}/{client.buffer_len}, "
+                    f"not the VENUS NV12 layout {info.stride}/{info.uv_offset}/{info.size}; refusing the stream")
+  return size
 
 
 def serve(opts: ServeOptions) -> int:
@@ -115,14 +122,13 @@ def serve(opts: ServeOptions) -> int:
   if opts.realtime:
     log.info("realtime: %s", config_realtime())
 
-  car_params = load_car_params(opts.car_params)
+  car_params = load_car_params(opts.car_params, opts.use_params)
   log.info("connecting to VisionIPC server %r", opts.server)
   main, extra, main_wide = connect_streams(opts.server, lambda: stopping)
-  core = ModeldCore(opts.artifact, car_params=car_params, main_wide=main_wide)
-  cam = core.model.artifact.camera
-  check_geometry(main, cam)
-  if extra is not None:
-    check_geometry(extra, cam)
+  cam = check_geometry(main)
+  if extra is not None and check_geometry(extra) != cam:
+    raise UserError(f"road and wide streams differ in size ({cam} vs {extra.width}x{extra.height}); both cameras must share one size")
+  core = ModeldCore(resolve_artifact(opts.artifact, cam), car_params=car_params, main_wide=main_wide, camera=cam)
   log.info("streams: main=%s extra=%s, artifact %s (%s)", "wide" if main_wide else "road", "wide" if extra else "none",
            opts.artifact, core.model.artifact.target)
   pm = messaging.PubMaster(list(PUBLISHED))
@@ -175,14 +181,13 @@ def main() -> int:
   import argparse
   logging.basicConfig(level=os.environ.get("LOGLEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
   p = argparse.ArgumentParser(prog="modeld")
-  p.add_argument("--artifact", default=os.environ.get("MODELD_ARTIFACT"), help="artifact dir (or $MODELD_ARTIFACT)")
+  p.add_argument("--artifact", default=os.environ.get("MODELD_ARTIFACT", str(DEFAULT_BUNDLE)),
+                 help=f"artifact dir or per-camera bundle (default $MODELD_ARTIFACT, else {DEFAULT_BUNDLE})")
   p.add_argument("--car-params", help="serialized car.CarParams file")
   p.add_argument("--demo", action="store_true", help="ignore Params and use demo car params")
   a = p.parse_args()
-  if not a.artifact:
-    raise SystemExit("modeld: no artifact; pass --artifact DIR or set MODELD_ARTIFACT")
   try:
-    return serve(ServeOptions(a.artifact, a.car_params))
+    return serve(ServeOptions(a.artifact, None if a.demo else a.car_params, realtime=True, use_params=not a.demo))
   except UserError as e:
     raise SystemExit(f"modeld: error: {e}") from None
 

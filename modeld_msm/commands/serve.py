@@ -5,7 +5,8 @@ HELP = "run as openpilot's modeld process"
 
 
 def add_arguments(p) -> None:
-  p.add_argument("--artifact", required=True, help="artifact directory (modeld-msm compile); its device picks the backend")
+  p.add_argument("--artifact", required=True,
+                 help="artifact directory (modeld-msm compile), or a bundle with one per camera size; its device picks the backend")
   p.add_argument("--car-params", help="serialized car.CarParams (default: openpilot's Params, else demo defaults)")
   p.add_argument("--server", default="camerad", help="VisionIPC server name")
   p.add_argument("--max-frames", type=int, default=0, help="stop after publishing N frames (0 = run until SIGINT)")
@@ -15,9 +16,11 @@ def add_arguments(p) -> None:
 def run(args) -> int:
   import logging
   import os
+  from pathlib import Path
 
-  from compile.artifact import verify_artifact
+  from compile.artifact import MANIFEST, verify_artifact
   from modeld_msm.modeld import ServeOptions, serve
   logging.basicConfig(level=os.environ.get("LOGLEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-  verify_artifact(args.artifact)  # refuse early, before waiting for cameras
+  if (Path(args.artifact) / MANIFEST).exists():
+    verify_artifact(args.artifact)  # refuse early, before waiting for cameras
   return serve(ServeOptions(args.artifact, args.car_params, args.server, args.max_frames, not args.no_realtime))
