@@ -1,0 +1,259 @@
+"""modeld's behaviour: openpilot's test_modeld invariants on the shared frame step and across real processes."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from selfdrive_glue import messaging
+from selfdrive_glue.nv12 import nv12_info
+
+pytestmark = pytest.mark.xdist_group("cpu_artifact_1928")
+INFO = nv12_info(1928, 1208)
+FRAME_NS = 50_000_000
+
+
+def _ev(service: str, **fields):
+  e = messaging.new_message(service, valid=True)
+  m = getattr(e, service)
+  for k, v in fields.items():
+    setattr(m, k, v)
+  return messaging.log_from_bytes(e.to_bytes())
+
+
+def _calibrated(core, frame_id: int = 1) -> None:
+  core.on_message(_ev("deviceState", deviceType="tici"))
+  core.on_message(_ev("roadCameraState", frameId=frame_id, sensor="ar0231"))
+  core.on_message(_ev("liveCalibration", rpyCalib=[0.0, 0.0, 0.0]))
+
+
+@pytest.fixture(scope="module")
+def core_factory(cpu_artifact_1928):
+  from modeld_msm.core import ModeldCore
+  return lambda: ModeldCore(cpu_artifact_1928)
+
+
+def _frame(n: int, buf=None):
+  from modeld_msm.core import Frame
+  buf = np.zeros(INFO.size, np.uint8) if buf is None else buf
+  sof = n * FRAME_NS
+  return Frame(buf, n, sof, sof + FRAME_NS)
+
+
+def _decode(out):
+  return {svc: messaging.log_from_bytes(b) for svc, b in out}
+
+
+def test_frame_ids_and_timestamps_propagate(core_factory):
+  core = core_factory()
+  road, wide = np.zeros(INFO.size, np.uint8), np.full(INFO.size, 7, np.uint8)
+  for n in range(1, 8):
+    core.on_message(_ev("roadCameraState", frameId=n, sensor="ar0231"))
+    out = core.on_frame(_frame(n, road), _frame(n, wide))
+    assert [s for s, _ in out] == ["modelV2", "drivingModelData", "cameraOdometry"]
+    d = _decode(out)
+    m, o, dm = d["modelV2"].modelV2, d["cameraOdometry"].cameraOdometry, d["drivingModelData"].drivingModelData
+    assert m.frameId == m.frameIdExtra == n and m.timestampEof == n * FRAME_NS + FRAME_NS
+    assert m.frameAge == 0 and m.frameDropPerc == 0
+    assert o.frameId == n and o.timestampEof == m.timestampEof and dm.frameId == n
+    assert m.modelExecutionTime > 0 and len(m.position.x) == 33 and len(m.laneLines) == 4 and len(m.leadsV3) == 3
+
+
+def test_valid_only_after_calibration(core_factory):
+  core = core_factory()
+  d = _decode(core.on_frame(_frame(1)))
+  assert not d["modelV2"].valid and not d["cameraOdometry"].valid and not d["drivingModelData"].valid
+  assert not core.live_calib_seen and not core.tfm.any()  # zero transform before calibration, like openpilot
+  _calibrated(core, 2)
+  d = _decode(core.on_frame(_frame(2)))
+  assert d["modelV2"].valid and d["cameraOdometry"].valid and core.live_calib_seen
+  assert core.tfm[2, 2] == pytest.approx(1.0) and core.tfm[0, 0] == pytest.approx(2.90989, rel=1e-4)
+
+
+def test_nothing_published_on_dropped_frames(core_factory):
+  core = core_factory()
+  _calibrated(core)
+  assert core.on_frame(_frame(1))
+  assert core.on_frame(_frame(2))
+  assert core.on_frame(_frame(5)) == []          # 3 and 4 never came: prepare-only, nothing sent
+  assert core.stats.dropped_steps == 1
+  d = _decode(core.on_frame(_frame(6)))
+  assert d["modelV2"].modelV2.frameId == 6
+  # cameraOdometry is only valid on a step without drops: 6 followed 5 directly
+  assert d["cameraOdometry"].valid
+
+
+def test_frame_age_from_road_camera_state(core_factory):
+  core = core_factory()
+  assert core.on_frame(_frame(8)) == []   # the first frame after 0 counts as a drop, as in openpilot
+  core.on_message(_ev("roadCameraState", frameId=12, sensor="ar0231"))
+  d = _decode(core.on_frame(_frame(9)))
+  assert d["modelV2"].modelV2.frameAge == 3
+
+
+def test_nonfinite_outputs_publish_invalid_and_keep_going(core_factory, caplog):
+  core = core_factory()
+  _calibrated(core)
+  real_run = core.model.run
+
+  def poisoned(*a, **k):
+    out, raw = real_run(*a, **k)
+    if raw is not None:
+      raw = raw.copy()
+      raw[3] = np.nan
+    return out, raw
+  core.model.run = poisoned
+  with caplog.at_level("ERROR", logger="modeld"):
+    for n in range(1, 4):
+      d = _decode(core.on_frame(_frame(n)))
+      assert not d["modelV2"].valid and not d["cameraOdometry"].valid
+  assert core.stats.nonfinite_steps == 3
+  assert sum("NaN/inf" in r.message for r in caplog.records) == 1   # once per burst
+  core.model.run = real_run
+  assert _decode(core.on_frame(_frame(4)))["modelV2"].valid
+
+
+def test_bad_calibration_is_counted_not_fatal(core_factory, caplog):
+  core = core_factory()
+  _calibrated(core)
+  core.on_frame(_frame(1))
+  good = core.tfm.copy()
+  core.on_message(_ev("liveCalibration", rpyCalib=[0.1, float("nan"), 0.0]))
+  with caplog.at_level("ERROR", logger="modeld"):
+    assert core.on_frame(_frame(2))
+  assert core.stats.bad_inputs == 1 and np.array_equal(core.tfm, good)
+  assert any("liveCalibration" in r.message for r in caplog.records)
+
+
+def test_desire_pulse_only_on_rising_edge(core_factory):
+  core = core_factory()
+  ms = core.model
+  z = np.zeros(INFO.size, np.uint8)
+  eye = np.eye(3, dtype=np.float32)
+  tc = np.array([[1, 0]], np.float32)
+  d = np.zeros(8, np.float32)
+  d[3] = 1
+  ms.run(z, z, eye, eye, d, tc, True)            # edge on a dropped frame: prev is updated, the pulse is lost
+  assert ms.host.desire[3] == 1                   # written for the warp JIT's inputs anyway
+  ms.run(z, z, eye, eye, d, tc, False)
+  assert ms.host.desire[3] == 0                   # held: no new edge
+  ms.run(z, z, eye, eye, np.zeros(8, np.float32), tc, False)
+  ms.run(z, z, eye, eye, d, tc, False)
+  assert ms.host.desire[3] == 1
+  d0 = np.zeros(8, np.float32)
+  d0[0] = 1
+  ms.run(z, z, eye, eye, d0, tc, False)
+  assert ms.host.desire[0] == 0                   # "none" never pulses
+
+
+# ---- across processes: our VisionIPC server + msgq publishers -> `python -m modeld_msm.modeld` -> our SubMaster ----
+
+@pytest.fixture
+def prefix(monkeypatch):
+  p = f"md{uuid.uuid4().hex[:10]}"
+  monkeypatch.setenv("OPENPILOT_PREFIX", p)
+  yield p
+  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
+
+
+def _spawn_modeld(artifact, extra_env=None):
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+  return subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(artifact), "--demo"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _stop(p) -> str:
+  if p.poll() is None:
+    p.send_signal(2)
+    try:
+      p.wait(10)
+    except subprocess.TimeoutExpired:
+      p.kill()
+  return p.stdout.read() if p.stdout else ""
+
+
+@pytest.mark.slow
+def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
+  from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
+  srv = VisionIpcServer("camerad")
+  for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD):
+    srv.create_buffers_with_sizes(st, 4, 1928, 1208, INFO.size, INFO.stride, INFO.uv_offset)
+  srv.start_listener()
+  pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration", "carState"])
+  sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
+  p = _spawn_modeld(cpu_artifact_1928)
+  try:
+    def send(n, road=True, wide=True):
+      sof = n * FRAME_NS
+      for svc, st, on in (("roadCameraState", VisionStreamType.ROAD, road), ("wideRoadCameraState", VisionStreamType.WIDE_ROAD, wide)):
+        if not on:
+          continue
+        ev = messaging.new_message(svc, valid=True)
+        getattr(ev, svc).frameId, getattr(ev, svc).sensor = n, "ar0231"
+        pm.send(svc, ev)
+        srv.send(st, np.zeros(INFO.size, np.uint8), n, sof, sof + FRAME_NS)
+
+    def wait_model(timeout=20.0):
+      t = time.monotonic() + timeout
+      while time.monotonic() < t:
+        sm.update(100)
+        if sm.updated["modelV2"]:
+          return sm["modelV2"], sm["cameraOdometry"]
+        assert p.poll() is None, _stop(p)
+      return None, None
+
+    ds = messaging.new_message("deviceState", valid=True)
+    ds.deviceState.deviceType = "tici"
+    lc = messaging.new_message("liveCalibration", valid=True)
+    lc.liveCalibration.rpyCalib = [0.0, 0.0, 0.0]
+    ds, lc = ds.to_bytes(), lc.to_bytes()
+    seen = []
+    for n in range(1, 10):
+      # keep sending until modeld is up and connected (the first frames may go to nobody)
+      for _ in range(200 if n == 1 else 1):
+        pm.send("deviceState", ds)
+        pm.send("liveCalibration", lc)
+        send(n)
+        m, o = wait_model(0.25 if n == 1 else 20)
+        if m is not None:
+          break
+      assert m is not None, _stop(p)
+      seen.append(m.frameId)
+      assert m.frameId == m.frameIdExtra and m.timestampEof == m.frameId * FRAME_NS + FRAME_NS
+    assert seen[1:] == list(range(2, 10))
+    # a frame with only the wide camera: nothing may be published for it
+    send(10, road=False)
+    m, _ = wait_model(1.5)
+    assert m is None
+    # the next road frame follows a gap, so it only advances the image queues (prepare-only): still nothing
+    send(11)
+    m, _ = wait_model(1.5)
+    assert m is None
+    send(12)
+    m, o = wait_model()
+    assert m is not None and m.frameId == 12 and o.frameId == 12
+  finally:
+    out = _stop(p)
+    srv.close()
+  assert "Traceback" not in out, out
+
+
+@pytest.mark.slow
+def test_modeld_refuses_wrong_stride(cpu_artifact_1928, prefix):
+  from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
+  srv = VisionIpcServer("camerad")
+  srv.create_buffers_with_sizes(VisionStreamType.ROAD, 2, 1928, 1208, 1928 * 1208 * 3 // 2, 1928, 1928 * 1208)  # tight, not VENUS
+  srv.start_listener()
+  p = _spawn_modeld(cpu_artifact_1928)
+  try:
+    rc = p.wait(60)
+  finally:
+    out = _stop(p)
+    srv.close()
+  assert rc != 0 and "VENUS" in out and "Traceback" not in out, out
