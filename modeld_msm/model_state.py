@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ class ModelState:
     self.host_t = self.host.tensors()
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
     self._frames: dict[tuple[str, int], object] = {}
+    self.last_times = (0.0, 0.0)  # (device program incl. readback, host parse) of the last run, seconds
     zero = np.zeros(self.nv12.size, np.uint8)
     self._zero = zero  # the tensor below points into it
     self._call(self.warp_jit, self._frame("main", zero), self._frame("extra", zero))  # like openpilot: warm the warp once
@@ -58,12 +60,17 @@ class ModelState:
     self.host.big_tfm[:] = big_tfm
     frame, big_frame = self._frame("main", buf), self._frame("extra", big_buf)
     if prepare_only:
+      t0 = time.perf_counter()
       self._call(self.warp_jit, frame, big_frame)
+      self.last_times = (time.perf_counter() - t0, 0.0)
       return None, None
+    t0 = time.perf_counter()
     v, p = self._call(self.policy_jit, frame, big_frame)
     vision, policy = v.numpy().reshape(-1), p.numpy().reshape(-1)
+    t1 = time.perf_counter()
     out = {**parse_vision_outputs(slice_outputs(vision, self.vision_slices)), **parse_policy_outputs(slice_outputs(policy, self.policy_slices))}
     raw = np.concatenate([vision, policy])
+    self.last_times = (t1 - t0, time.perf_counter() - t1)
     if SEND_RAW_PRED:
       out["raw_pred"] = raw.copy()
     return out, raw
