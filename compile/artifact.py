@@ -161,6 +161,12 @@ def activate_target(art: VerifiedArtifact) -> None:
     import backend
     backend.install()
   DEV.value = target
+  from tinygrad import Device
+  try:
+    Device[Device.DEFAULT]
+  except Exception as e:
+    raise ArtifactError(f"artifact {art.path} is for {art.device} ({target}), which cannot be opened here: {str(e).splitlines()[0][:200]}; "
+                        f"use an artifact compiled for this machine (e.g. `modeld-msm compile --device CPU`)") from None
 
 
 def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:

@@ -227,21 +227,27 @@ def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
       seen.append(m.frameId)
       assert m.frameId == m.frameIdExtra and m.timestampEof == m.frameId * FRAME_NS + FRAME_NS
     assert seen[1:] == list(range(2, 10))
+    # corrupt bytes on a subscribed service are counted and ignored; modeld keeps publishing
+    pm.send("carState", b"\x00\x00\x00\x00\x05\x00\x00\x00" + b"\xff" * 16)
+    send(10)
+    m, _ = wait_model()
+    assert m is not None and m.frameId == 10
     # a frame with only the wide camera: nothing may be published for it
-    send(10, road=False)
+    send(13, road=False)
     m, _ = wait_model(1.5)
     assert m is None
     # the next road frame follows a gap, so it only advances the image queues (prepare-only): still nothing
-    send(11)
+    send(14)
     m, _ = wait_model(1.5)
     assert m is None
-    send(12)
+    send(15)
     m, o = wait_model()
-    assert m is not None and m.frameId == 12 and o.frameId == 12
+    assert m is not None and m.frameId == 15 and o.frameId == 15
   finally:
     out = _stop(p)
     srv.close()
   assert "Traceback" not in out, out
+  assert "dropped bad message on 'carState'" in out, out
 
 
 @pytest.mark.slow
