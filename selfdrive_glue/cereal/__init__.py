@@ -1,0 +1,1 @@
+"""Our cereal schema files (*.capnp); a package only so that packaging ships them (pyproject package-data "*.capnp")."""
