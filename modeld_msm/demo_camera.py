@@ -30,7 +30,7 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict
     vipc.create_buffers_with_sizes(st, N_BUFFERS, w, h, info.size, info.stride, info.uv_offset)
   vipc.start_listener()
   pm = messaging.PubMaster(SENSOR_SERVICES)
-  sensor, device = S._sensor_and_device(camera)
+  sensor, device = S.sensor_and_device(camera)
   stop = False
 
   def _stop(*_):
@@ -44,22 +44,8 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict
     fill(getattr(ev, service))
     pm.send(service, ev)
 
-  def cal_fill(lc):
-    lc.rpyCalib = list(scene.calib_rpy)
-    lc.calStatus = "calibrated"
-    lc.calPerc = 100
-
-  def delay_fill(ld):
-    ld.lateralDelay = 0.2
-
-  def dev_fill(ds):
-    ds.deviceType = device
-    ds.started = True
-
-  def dm_fill(dm):
-    dm.isRHD = False
-    dm.faceDetected = True
-
+  dev_fill = S.fill_device_state(device, time.monotonic_ns())
+  delay_fill = S.fill_live_delay(0.2)
   n_frames = int(seconds * 20) if seconds > 0 else 1 << 62
   start = time.monotonic_ns() + FRAME_NS
   late = 0
@@ -83,15 +69,15 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict
     sof = eof - S.READOUT_NS
     vipc.send_buf(road, i + 1, sof, eof)
     vipc.send_buf(wide, i + 1, sof, eof)
-    send("roadCameraState", S._fill_frame(sensor, i + 1, sof))
-    send("wideRoadCameraState", S._fill_frame(sensor, i + 1, sof))
-    send("driverMonitoringState", dm_fill)
+    send("roadCameraState", S.fill_frame(sensor, i + 1, sof))
+    send("wideRoadCameraState", S.fill_frame(sensor, i + 1, sof))
+    send("driverMonitoringState", S.fill_driver_monitoring)
     ego = scene.ego(t)
     for _ in range(5):  # 100 Hz services, in a burst per frame period
-      send("carState", S._fill_car_state(ego))
-      send("carControl", S._fill_car_control(ego))
+      send("carState", S.fill_car_state(ego))
+      send("carControl", S.fill_car_control(ego))
     if i % 5 == 0:
-      send("liveCalibration", cal_fill)
+      send("liveCalibration", S.fill_live_calibration(scene.calib_rpy, i // 5))
       send("liveDelay", delay_fill)
     if i % 10 == 0:
       send("deviceState", dev_fill)

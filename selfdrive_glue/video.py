@@ -1,0 +1,204 @@
+"""Camera files with PyAV: raw HEVC (fcamera.hevc / ecamera.hevc) and H.264 in MPEG-TS (qcamera.ts).
+
+Decoding yields frames in the VENUS NV12 layout camerad allocates (Y rows at the stride, UV from uv_offset), which is
+what the model pipeline reads; tight NV12 (h*w*3/2, what openpilot's FrameReader returns) converts both ways.
+Encoding follows the recorder's settings (HEVC 10 Mbit/s GOP 30 at 1928 wide, 5 Mbit/s GOP 20 at <= 1344 wide, no
+B-frames; qcamera H.264 526x330 256 kbit/s GOP 15) with x265/x264 presets fast enough for a laptop.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import av
+import numpy as np
+
+from modeld_msm.errors import UserError
+from selfdrive_glue.nv12 import NV12Info, nv12_info
+
+QCAMERA_SIZE = (526, 330)
+_FORMATS = {".hevc": ("hevc", "libx265"), ".h265": ("hevc", "libx265"), ".ts": ("mpegts", "libx264"), ".h264": ("h264", "libx264"),
+            ".mkv": ("matroska", "libx265")}
+
+
+def _container_format(path: Path) -> tuple[str, str]:
+  fmt = _FORMATS.get(path.suffix.lower())
+  if fmt is None:
+    raise UserError(f"{path}: unknown video file type '{path.suffix}'; use .hevc (fcamera/ecamera) or .ts (qcamera)")
+  return fmt
+
+
+def venus_planes(buf: np.ndarray, info: NV12Info) -> tuple[np.ndarray, np.ndarray]:
+  """Views of a VENUS buffer: Y (h, w) and interleaved UV (h/2, w)."""
+  buf = buf.reshape(-1)
+  y = buf[:info.stride * info.y_height].reshape(info.y_height, info.stride)[:info.height, :info.width]
+  uv = buf[info.uv_offset:info.uv_offset + info.stride * info.uv_height].reshape(info.uv_height, info.stride)[:info.height // 2, :info.width]
+  return y, uv
+
+
+def tight_to_venus(nv12: np.ndarray, width: int, height: int, out: np.ndarray | None = None) -> np.ndarray:
+  """Tight NV12 (h*3/2 rows of w) -> VENUS buffer; padding is zero in a fresh buffer."""
+  info = nv12_info(width, height)
+  out = np.zeros(info.size, dtype=np.uint8) if out is None else out
+  flat = nv12.reshape(-1)
+  y, uv = venus_planes(out, info)
+  y[...] = flat[:width * height].reshape(height, width)
+  uv[...] = flat[width * height:width * height * 3 // 2].reshape(height // 2, width)
+  return out
+
+
+def venus_to_tight(buf: np.ndarray, width: int, height: int) -> np.ndarray:
+  y, uv = venus_planes(buf, nv12_info(width, height))
+  return np.concatenate([y.reshape(-1), uv.reshape(-1)])
+
+
+def _plane(frame: av.VideoFrame, i: int, w: int, h: int) -> np.ndarray:
+  p = frame.planes[i]
+  return np.frombuffer(memoryview(p), dtype=np.uint8).reshape(-1, p.line_size)[:h, :w]
+
+
+def frame_to_venus(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.ndarray:
+  """A decoded frame (yuv420p/yuvj420p/nv12) -> VENUS NV12 buffer at the frame's native size."""
+  w, h = frame.width, frame.height
+  info = nv12_info(w, h)
+  out = np.zeros(info.size, dtype=np.uint8) if out is None else out
+  y, uv = venus_planes(out, info)
+  fmt = frame.format.name
+  if fmt not in ("yuv420p", "yuvj420p", "nv12"):
+    frame = frame.reformat(format="yuv420p")
+    fmt = "yuv420p"
+  y[...] = _plane(frame, 0, w, h)
+  if fmt == "nv12":
+    uv[...] = _plane(frame, 1, w, h // 2)
+  else:
+    uv3 = uv.reshape(h // 2, w // 2, 2)
+    uv3[..., 0] = _plane(frame, 1, w // 2, h // 2)
+    uv3[..., 1] = _plane(frame, 2, w // 2, h // 2)
+  return out
+
+
+class VideoReader:
+  """Sequential decoder of one camera file; `frames()` yields VENUS NV12 buffers.
+
+  By default each frame is a fresh array; with `ring=[buf, ...]` frames are decoded into those buffers in turn, like
+  camerad's VisionIPC ring (consumers that cache per buffer address, as ModelState does, then see a fixed set)."""
+
+  def __init__(self, path: str | os.PathLike):
+    self.path = Path(path)
+    if not self.path.exists():
+      raise UserError(f"camera file {self.path} not found; check the segment directory (expected fcamera.hevc, ecamera.hevc or qcamera.ts)")
+    self._fmt, _ = _container_format(self.path)
+    try:
+      with av.open(str(self.path), format=self._fmt) as c:
+        if not c.streams.video:
+          raise UserError(f"{self.path}: no video stream")
+        first = next(c.decode(video=0), None)
+    except av.error.FFmpegError as e:
+      raise UserError(f"{self.path}: not a readable {self._fmt} video ({e}); re-record or re-encode it") from None
+    if first is None:
+      raise UserError(f"{self.path}: contains no decodable frames")
+    self.width, self.height = first.width, first.height
+    self.info = nv12_info(self.width, self.height)
+    self.error: str | None = None  # set when decoding stopped early on damaged data
+
+  def frames(self, ring: list[np.ndarray] | None = None) -> Iterator[np.ndarray]:
+    self.error = None
+    n = 0
+    with av.open(str(self.path), format=self._fmt) as c:
+      st = c.streams.video[0]
+      st.thread_type = "AUTO"
+      it = c.decode(st)
+      while True:
+        try:
+          frame = next(it)
+        except StopIteration:
+          return
+        except av.error.FFmpegError as e:
+          self.error = f"{self.path}: decoding stopped early: {e}"
+          return
+        if (frame.width, frame.height) != (self.width, self.height):
+          raise UserError(f"{self.path}: frame size changes mid-stream ({frame.width}x{frame.height} after {self.width}x{self.height})")
+        yield frame_to_venus(frame, None if not ring else ring[n % len(ring)])
+        n += 1
+
+  def count(self) -> int:
+    """Number of frames, by demuxing packets only (no decode)."""
+    with av.open(str(self.path), format=self._fmt) as c:
+      return sum(1 for p in c.demux(video=0) if p.size)
+
+
+class VideoWriter:
+  """Encoder for one camera file, written to a temp file and moved into place by close()."""
+
+  def __init__(self, path: str | os.PathLike, width: int, height: int, fps: int = 20, bitrate: int | None = None, gop: int | None = None,
+               preset: str = "ultrafast"):
+    self.path = Path(path)
+    fmt, codec = _container_format(self.path)
+    self.width, self.height = width, height
+    self.info = nv12_info(width, height)
+    if gop is None:
+      gop = 15 if codec == "libx264" else (30 if width > 1344 else 20)
+    if bitrate is None:
+      bitrate = 256_000 if codec == "libx264" else (10_000_000 if width > 1344 else 5_000_000)
+    self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+    self._c = av.open(str(self._tmp), "w", format=fmt)
+    self._s: Any = cast(Any, self._c.add_stream(codec, rate=fps))
+    self._s.width, self._s.height, self._s.pix_fmt = width, height, "yuv420p"
+    self._s.bit_rate = bitrate
+    cc = self._s.codec_context
+    cc.gop_size = gop
+    cc.max_b_frames = 0
+    if codec == "libx265":
+      cc.options = {"preset": preset, "x265-params": f"keyint={gop}:min-keyint={gop}:bframes=0:scenecut=0:log-level=error:pools=1:frame-threads=1"}
+    else:
+      cc.options = {"preset": preset, "bf": "0", "g": str(gop), "threads": "1"}
+    self._n = 0
+    self._closed = False
+
+  def write(self, buf: np.ndarray) -> None:
+    """Encode one frame given as a VENUS NV12 buffer of this writer's size."""
+    y, uv = venus_planes(np.asarray(buf, dtype=np.uint8), self.info)
+    frame = av.VideoFrame(self.width, self.height, "yuv420p")
+    u3 = uv.reshape(self.height // 2, self.width // 2, 2)
+    for i, src in enumerate((y, u3[..., 0], u3[..., 1])):
+      p = frame.planes[i]
+      dst = np.frombuffer(memoryview(p), dtype=np.uint8).reshape(-1, p.line_size)
+      dst[:src.shape[0], :src.shape[1]] = src
+    frame.pts = self._n
+    self._n += 1
+    for pkt in self._s.encode(frame):
+      self._c.mux(pkt)
+
+  def close(self) -> None:
+    if self._closed:
+      return
+    self._closed = True
+    for pkt in self._s.encode(None):
+      self._c.mux(pkt)
+    self._c.close()
+    os.replace(self._tmp, self.path)
+
+  def abort(self) -> None:
+    if not self._closed:
+      self._closed = True
+      try:
+        self._c.close()
+      finally:
+        self._tmp.unlink(missing_ok=True)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, exc, tb):
+    if exc_type is None:
+      self.close()
+    else:
+      self.abort()
+
+
+def scale_venus(buf: np.ndarray, src_w: int, src_h: int, dst_w: int, dst_h: int) -> np.ndarray:
+  """Resize a VENUS frame (for qcamera.ts) with swscale; returns a VENUS buffer of the new size."""
+  frame = av.VideoFrame.from_ndarray(venus_to_tight(buf, src_w, src_h).reshape(src_h * 3 // 2, src_w), format="nv12")
+  return frame_to_venus(frame.reformat(width=dst_w, height=dst_h, format="yuv420p", interpolation="AREA"))
