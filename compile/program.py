@@ -6,6 +6,7 @@ second warp-only JIT for dropped frames (image queues advance, the feature and d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tinygrad import Tensor, TinyJit, dtypes
@@ -95,12 +96,13 @@ class DrivingProgram:
     Tensor.realize(vision_out, policy_out, self.img_q, self.big_img_q, self.feat_q, self.desire_q)
     return vision_out, policy_out
 
-  def jits(self) -> tuple[TinyJit, TinyJit]:
+  def jits(self) -> tuple[Any, Any]:
     return TinyJit(self.run_policy, prune=True), TinyJit(self.run_warp, prune=True)
 
   def reset_queues(self) -> None:
     from tinygrad.device import Buffer
     for q in self.queues().values():
       buf = q.uop.buffer
+      assert isinstance(buf, Buffer)
       zeros = Buffer("PYTHON", buf.size, buf.dtype, opaque=memoryview(bytearray(buf.nbytes)))
       buf.copy_from(zeros)

@@ -78,7 +78,9 @@ class _Graph:
   """A tiny ONNX graph builder: fp16 initializers drawn from one rng in build order, so a seed fixes every byte."""
 
   def __init__(self, rng: np.random.Generator):
-    self.rng, self.nodes, self.inits, self._n = rng, [], [], 0
+    self.rng, self._n = rng, 0
+    self.nodes: list = []
+    self.inits: list = []
 
   def name(self, prefix: str) -> str:
     self._n += 1

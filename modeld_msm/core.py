@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ class ModeldCore:
     self.drop_filter = FrameDropFilter()
     self.publish_state = PublishState()
     self.prev_action = Action(0.0, 0.0, False)
-    self.latest: dict[str, object] = {}
+    self.latest: dict[str, Any] = {}  # capnp readers of the newest message per service
     self.updated: set[str] = set()
     self.tfm = np.zeros((3, 3), np.float32)
     self.big_tfm = np.zeros((3, 3), np.float32)
@@ -140,7 +141,7 @@ class ModeldCore:
     t2 = self.clock()
     self.stats.last = StepTiming(model_s=t2 - t1)
     self.last_vipc_frame_id = main.frame_id
-    if outputs is None:
+    if outputs is None or raw is None:
       self.stats.dropped_steps += 1
       return []
 

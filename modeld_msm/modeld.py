@@ -59,13 +59,16 @@ def config_realtime(core: int = RT_CORE, priority: int = RT_PRIORITY) -> str:
   return ", ".join(notes)
 
 
+def _car_params_from(data: bytes):
+  with messaging.car.CarParams.from_bytes(data) as cp:
+    return cp.as_builder().as_reader()
+
+
 def load_car_params(path: str | None, use_params: bool = True):
   """CarParams from --car-params FILE, else openpilot's Params, else None (demo defaults)."""
   if path:
     try:
-      data = open(path, "rb").read()
-      with messaging.car.CarParams.from_bytes(data) as cp:
-        return cp.as_builder().as_reader()
+      return _car_params_from(open(path, "rb").read())
     except FileNotFoundError:
       raise UserError(f"car params file not found: {path}") from None
     except Exception as e:
@@ -73,11 +76,10 @@ def load_car_params(path: str | None, use_params: bool = True):
   if not use_params:
     return None
   from selfdrive_glue.params import Params
-  data = Params().get("CarParams")
-  if data:
+  stored = Params().get("CarParams")
+  if stored:
     try:
-      with messaging.car.CarParams.from_bytes(data) as cp:
-        return cp.as_builder().as_reader()
+      return _car_params_from(stored)
     except Exception as e:
       log.error("Params CarParams unreadable (%s); using demo defaults", e)
   return None

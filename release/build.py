@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
   except UserError as e:
     print(f"release.build: error: {e}", file=sys.stderr)
     return 2
-  for cam, e in m["artifacts"].items():
-    print(f"{cam}: {e['target']}  {e['seconds']}s  checks: {', '.join(e['checks'])}")
+  for cam, entry in m["artifacts"].items():
+    print(f"{cam}: {entry['target']}  {entry['seconds']}s  checks: {', '.join(entry['checks'])}")
   print(f"bundle written to {a.out}")
   return 0
 
