@@ -1,0 +1,42 @@
+"""tinygrad QCOM kernel interfaces: KGSL (upstream), MSM (mainline drm/msm) and EMU (emulated render node).
+
+Call `install()` before the first `Device["QCOM"]` and before any `pickle.load` of a QCOM TinyJit.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+
+TINYGRAD_VERSION = "0.14.0"
+_installed = False
+
+
+def check_tinygrad() -> str:
+  """The installed tinygrad version; a clear error unless it is the one whose QCOM internals this package extends."""
+  try:
+    v = importlib.metadata.version("tinygrad")
+  except importlib.metadata.PackageNotFoundError as e:
+    raise RuntimeError(f"tinygrad is not installed; install tinygrad=={TINYGRAD_VERSION}") from e
+  if v != TINYGRAD_VERSION:
+    raise RuntimeError(f"backend needs tinygrad=={TINYGRAD_VERSION} (it subclasses its QCOM runtime), found {v}; "
+                       f"pip install tinygrad=={TINYGRAD_VERSION}")
+  return v
+
+
+def install() -> None:
+  """Registers the KGSL/MSM/EMU interfaces under tinygrad's QCOM device. Idempotent."""
+  global _installed
+  if _installed:
+    return
+  check_tinygrad()
+  from tinygrad.device import Device
+  from tinygrad.runtime import ops_qcom
+
+  from backend.qcom import QCOMDevice
+  if any(d.split(":")[0] == "QCOM" for d in Device._opened_devices):
+    raise RuntimeError("backend.install() ran after Device['QCOM'] was opened; call it first (before any QCOM tensor or pickle.load)")
+  ops_qcom.QCOMDevice = QCOMDevice  # type: ignore[misc]
+  Device.get_class.cache_clear()   # a lookup made before install() (nothing opened) must not keep upstream's class
+  _installed = True
+
+
+__all__ = ["TINYGRAD_VERSION", "check_tinygrad", "install"]

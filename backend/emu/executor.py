@@ -1,0 +1,179 @@
+"""Executes decoded PM4 for one job at a time on the emulated ring: registers, memory effects, waits, dispatch records.
+
+Level A: a compute dispatch is recorded with its full state (shader, constants, descriptors, sizes) and handed to
+`on_dispatch` (where a later IR3 interpreter plugs in); it is not executed.
+"""
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tinygrad.runtime.autogen import mesa
+
+from backend.emu import pm4
+
+
+class GpuFault(Exception):
+  """What the GPU did wrong on this job; the node records it like an SMMU/hang fault and retires the job."""
+
+
+class Memory(Protocol):
+  def view(self, iova: int, size: int, what: str) -> memoryview:
+    ...   # raises GpuFault (unmapped, or not listed in strict mode)
+  def check(self, iova: int, size: int, what: str) -> None:
+    ...
+
+
+_FUNCS: dict[int, Callable[[int, int], bool]] = {
+  mesa.WRITE_ALWAYS: lambda v, r: True, mesa.WRITE_LT: lambda v, r: v < r, mesa.WRITE_LE: lambda v, r: v <= r, mesa.WRITE_EQ: lambda v, r: v == r,
+  mesa.WRITE_NE: lambda v, r: v != r, mesa.WRITE_GE: lambda v, r: v >= r, mesa.WRITE_GT: lambda v, r: v > r}
+ALWAYS_ON_HZ = 19.2e6
+CONST_WRITTEN_BYTES = 2048   # tinygrad fills the first 2 KiB of a kernel's constants; the rest of the 4 KiB window belongs to neighbours
+
+
+def always_on_counter() -> int:
+  return int(time.monotonic_ns() * ALWAYS_ON_HZ / 1e9)
+
+
+@dataclass
+class Dispatch:
+  """Everything an IR3 interpreter needs to run one CP_EXEC_CS."""
+  groups: tuple[int, int, int]
+  local_size: tuple[int, int, int]
+  shader_iova: int
+  shader: bytes
+  consts: bytes
+  textures: bytes
+  uavs: bytes
+  samplers: bytes
+  regs: dict[int, int]
+  pvt_mem_iova: int
+
+
+@dataclass
+class Frame:
+  iova: int
+  dwords: int
+  pos: int = 0
+
+
+@dataclass
+class ExecState:
+  """Resumable position of a job: a stack of IB frames (INDIRECT_BUFFER pushes)."""
+  frames: list[Frame]
+  loads: dict[tuple[int, int], tuple[int, bytes]] = field(default_factory=dict)   # (block, type) -> (iova, bytes)
+
+
+class Executor:
+  def __init__(self, on_dispatch: Callable[[Dispatch], None], pointer_check: Callable[[bytes, str], None] | None = None):
+    self.regs: dict[int, int] = {}
+    self.on_dispatch, self.pointer_check = on_dispatch, pointer_check
+
+  def run(self, st: ExecState, mem: Memory) -> bool:
+    """Runs until the job ends (True) or parks on an unmet CP_WAIT_REG_MEM (False). Raises GpuFault / pm4.PM4Error."""
+    while st.frames:
+      fr = st.frames[-1]
+      if fr.pos >= fr.dwords:
+        st.frames.pop()
+        continue
+      dw = mem.view(fr.iova, fr.dwords * 4, "command buffer").cast("I")
+      while fr.pos < fr.dwords:
+        p = pm4.decode(dw, fr.pos)
+        if p.kind == 4:
+          for i, v in enumerate(p.payload):
+            self.regs[p.code + i] = v
+        elif p.code == mesa.CP_WAIT_REG_MEM:
+          if not self._wait_met(pm4.wait_reg_mem(p), mem):
+            return False
+        elif p.code == mesa.CP_INDIRECT_BUFFER:
+          fr.pos += p.size
+          ib, n = pm4.indirect_buffer(p)
+          mem.check(ib, n * 4, "indirect buffer")
+          st.frames.append(Frame(ib, n))
+          break
+        else:
+          self._execute(p, st, mem)
+        fr.pos += p.size
+    return True
+
+  def _wait_met(self, w: pm4.WaitRegMem, mem: Memory) -> bool:
+    if not w.poll_memory:
+      raise GpuFault("CP_WAIT_REG_MEM on a register is not emulated")
+    if w.function not in _FUNCS:
+      raise GpuFault(f"CP_WAIT_REG_MEM function {w.function} is not emulated")
+    v = mem.view(w.addr, 4, "wait address").cast("I")[0]
+    return _FUNCS[w.function](v & w.mask, w.ref)
+
+  def _execute(self, p: pm4.Packet, st: ExecState, mem: Memory) -> None:
+    if p.code in (mesa.CP_WAIT_FOR_IDLE, mesa.CP_WAIT_MEM_WRITES, mesa.CP_SET_MARKER):
+      return   # the emulated ring is always idle and coherent
+    if p.code == mesa.CP_EVENT_WRITE:
+      ev = pm4.event_write(p)
+      if ev.event == mesa.CACHE_FLUSH_TS and ev.addr is not None:
+        mem.view(ev.addr, 4, "CACHE_FLUSH_TS address").cast("I")[0] = ev.value or 0   # a 32-bit write, even where the reader reads 64
+    elif p.code == mesa.CP_REG_TO_MEM:
+      r = pm4.reg_to_mem(p)
+      n = r.cnt * 4 if r.cnt else 4
+      vals = (always_on_counter(),) if r.reg == mesa.REG_A6XX_CP_ALWAYS_ON_COUNTER and r.is64 else None
+      out = mem.view(r.addr, n, "REG_TO_MEM address")
+      if vals is not None:
+        out[:8] = struct.pack("<Q", vals[0])
+      else:
+        out[:] = struct.pack(f"<{n // 4}I", *(self.regs.get(r.reg + i, 0) for i in range(n // 4)))
+    elif p.code == mesa.CP_MEM_WRITE:
+      addr = pm4.addr64(p.payload[0], p.payload[1])
+      n = len(p.payload) - 2
+      mem.view(addr, 4 * n, "MEM_WRITE address")[:] = struct.pack(f"<{n}I", *p.payload[2:])
+    elif p.code == mesa.CP_LOAD_STATE6_FRAG:
+      ls = pm4.load_state6(p)
+      nbytes = ls.num_unit * ls.unit_bytes
+      if ls.addr is None:
+        data = struct.pack(f"<{len(ls.inline)}I", *ls.inline)
+      else:
+        what = f"LOAD_STATE6 source (block {ls.state_block}, type {ls.state_type})"
+        data = bytes(mem.view(ls.addr, nbytes, what))
+      st.loads[(ls.state_block, ls.state_type)] = (ls.addr or 0, data)
+    elif p.code == mesa.CP_EXEC_CS:
+      self._dispatch(p, st, mem)
+    elif p.code == mesa.CP_RUN_OPENCL:
+      raise GpuFault("CP_RUN_OPENCL (Qualcomm CL binaries) is not emulated; use the IR3 renderer")
+    else:
+      raise GpuFault(f"{p.name} is decoded but not emulated")
+
+  def _reg64(self, reg: int) -> int:
+    return self.regs.get(reg, 0) | (self.regs.get(reg + 1, 0) << 32)
+
+  def _dispatch(self, p: pm4.Packet, st: ExecState, mem: Memory) -> None:
+    cfg = self.regs.get(mesa.REG_A6XX_SP_CS_CONFIG, 0)
+    nsamp, ntex, nuav = (pm4.field(cfg, f"A6XX_SP_CS_CONFIG_{n}") for n in ("NSAMP", "NTEX", "NUAV"))
+    instr = self._reg64(mesa.REG_A6XX_SP_CS_BASE)
+    shader_iova, shader = st.loads.get((mesa.SB6_CS_SHADER, mesa.ST6_SHADER), (0, b""))
+    mem.check(instr, max(len(shader), 4), "SP_CS_BASE (shader)")
+    if (pvt := self._reg64(mesa.REG_A6XX_SP_CS_PVT_MEM_BASE)) and self.regs.get(mesa.REG_A6XX_SP_CS_PVT_MEM_SIZE, 0):
+      mem.check(pvt, 4, "SP_CS_PVT_MEM_BASE (stack)")
+    if nsamp:
+      mem.check(self._reg64(mesa.REG_A6XX_SP_CS_SAMPLER_BASE), 16 * nsamp, "SP_CS_SAMPLER_BASE")
+      mem.check(self._reg64(mesa.REG_A6XX_TPL1_CS_BORDER_COLOR_BASE), 4, "TPL1_CS_BORDER_COLOR_BASE")
+    textures = st.loads.get((mesa.SB6_CS_TEX, mesa.ST6_CONSTANTS), (0, b""))[1] if ntex else b""
+    uavs = st.loads.get((mesa.SB6_CS_SHADER, mesa.ST6_UAV), (0, b""))[1] if nuav else b""
+    if ntex:
+      mem.check(self._reg64(mesa.REG_A6XX_SP_CS_TEXMEMOBJ_BASE), 64 * ntex, "SP_CS_TEXMEMOBJ_BASE")
+    if nuav:
+      mem.check(self._reg64(mesa.REG_A6XX_SP_CS_UAV_BASE), 64 * nuav, "SP_CS_UAV_BASE")
+    for kind, descs in (("texture", textures), ("UAV", uavs)):
+      for i in range(0, len(descs), 64):
+        lo, hi = struct.unpack_from("<II", descs, i + 16)
+        mem.check(lo | (hi << 32), 4, f"{kind} descriptor {i // 64} base")
+    consts = st.loads.get((mesa.SB6_CS_SHADER, mesa.ST6_CONSTANTS), (0, b""))[1]
+    if self.pointer_check is not None:
+      self.pointer_check(consts[:CONST_WRITTEN_BYTES], "kernel constants")
+    nd0 = self.regs.get(mesa.REG_A6XX_SP_CS_NDRANGE_0, 0)
+    lx, ly, lz = (pm4.field(nd0, f"A6XX_SP_CS_NDRANGE_0_LOCALSIZE{a}") + 1 for a in "XYZ")
+    local = (lx, ly, lz)
+    regs = {r: v for r, v in self.regs.items() if 0xa9b0 <= r <= 0xa9ff or 0xb980 <= r <= 0xb9ff or r == mesa.REG_A6XX_TPL1_CS_BORDER_COLOR_BASE}
+    self.on_dispatch(Dispatch(pm4.exec_cs_groups(p), local, shader_iova, shader, consts, textures, uavs,
+                              st.loads.get((mesa.SB6_CS_TEX, mesa.ST6_SHADER), (0, b""))[1] if nsamp else b"", regs,
+                              self._reg64(mesa.REG_A6XX_SP_CS_PVT_MEM_BASE)))

@@ -1,0 +1,466 @@
+"""An emulated msm render node (level A): the MSM interface opens it like /dev/dri/renderD128.
+
+GEM objects are memfds (every CPU mapping aliases), IOVAs come from a separate window reserved PROT_NONE, every submit is
+validated like the kernel does, and the PM4 runs on an emulated single ring when a wait or query asks for progress
+(deterministic, no thread; it also covers HCQGraph writing its kick value after the submit).
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import errno
+import itertools
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tinygrad.runtime.autogen import libc
+from tinygrad.runtime.support.hcq import FileIOInterface
+
+from backend import uapi as u
+from backend.emu import pm4
+from backend.emu.executor import Dispatch, ExecState, Executor, Frame, GpuFault, always_on_counter
+from backend.emu.iova import PAGE, IovaWindow
+from backend.intervals import IntervalIndex
+
+_FAILED = 0xffffffffffffffff
+_UNEMULATED_SUBMIT_FLAGS = (u.MSM_SUBMIT_FENCE_FD_IN | u.MSM_SUBMIT_FENCE_FD_OUT | u.MSM_SUBMIT_SYNCOBJ_IN | u.MSM_SUBMIT_SYNCOBJ_OUT
+                            | u.MSM_SUBMIT_FENCE_SN_IN)
+
+
+def _err(code: int, detail: str) -> OSError:
+  return OSError(code, f"{os.strerror(code)}: {detail}")
+
+
+def _round_page(n: int) -> int:
+  return (n + PAGE - 1) & ~(PAGE - 1)
+
+
+@dataclass(eq=False)
+class GemObject:
+  handle: int
+  size: int
+  flags: int
+  memfd: int
+  mmap_offset: int
+  host: int                  # the emulator's own mapping (what the "GPU" reads and writes)
+  iova: int = 0
+  open: bool = True
+  pins: int = 0              # pending jobs that list it
+
+
+@dataclass(eq=False)
+class SubmitQueue:
+  id: int
+  prio: int
+  flags: int = 0
+  last_fence: int = 0
+  retired: int = 0
+  faults: int = 0
+
+
+@dataclass(eq=False)
+class Job:
+  queue: SubmitQueue
+  fence: int
+  bos: list[GemObject]
+  state: ExecState
+  listed: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class SubmitRecord:
+  queue: int
+  fence: int
+  handles: tuple[int, ...]
+  bo_flags: tuple[int, ...]
+  cmds: tuple[tuple[int, int, int], ...]    # (handle, offset, size in bytes)
+
+
+@dataclass
+class Injected:
+  code: int
+  count: int = 1
+
+
+@dataclass
+class Stats:
+  submits: int = 0
+  dispatches: int = 0
+  faults: list[str] = field(default_factory=list)
+
+
+class _JobMemory:
+  """GPU memory as one job sees it: unmapped addresses fault; in strict mode so does any BO not listed in the job's submit."""
+
+  def __init__(self, node: RenderNode, job: Job):
+    self.node, self.job = node, job
+
+  def _find(self, iova: int, size: int, what: str) -> tuple[GemObject, int]:
+    hit = self.node._by_iova.find(iova)
+    if hit is None:
+      old = self.node._closed.find(iova)
+      raise GpuFault(f"{what} at {iova:#x} hits " + (f"freed BO (was handle {old[2]})" if old else "no mapped BO") + " (SMMU fault)")
+    start, _, gem = hit
+    if iova + size > start + gem.size:
+      raise GpuFault(f"{what} at {iova:#x}+{size:#x} runs past the end of BO handle {gem.handle}")
+    if self.node.strict and gem not in self.job.listed:
+      raise GpuFault(f"strict: {what} at {iova:#x} lies in BO handle {gem.handle}, which is not listed in this submit")
+    return gem, iova - start
+
+  def check(self, iova: int, size: int, what: str) -> None:
+    self._find(iova, size, what)
+
+  def view(self, iova: int, size: int, what: str) -> memoryview:
+    gem, off = self._find(iova, size, what)
+    return memoryview((ctypes.c_ubyte * size).from_address(gem.host + off)).cast("B")
+
+  def pointers(self, data: bytes, what: str) -> None:
+    """Strict: a qword in the constants that points into a live BO must name a listed one; one into a freed BO is a fault."""
+    for (v,) in struct.iter_unpack("<Q", data[:len(data) & ~7]):
+      if not (self.node.window.start <= v < self.node.window.start + self.node.window.size):
+        continue
+      if (hit := self.node._by_iova.find(v)) is not None:
+        if hit[2] not in self.job.listed:
+          raise GpuFault(f"strict: pointer {v:#x} in the {what} lies in BO handle {hit[2].handle}, which is not listed in this submit")
+      elif (old := self.node._closed.find(v)) is not None:
+        raise GpuFault(f"strict: pointer {v:#x} in the {what} lies in freed BO (was handle {old[2]})")
+
+
+class RenderNode(FileIOInterface):
+  """The file object the MSM interface talks to. Test hooks: inject(), inject_gpu_fault(), live_handles, submits, dispatches, stats."""
+
+  def __init__(self, strict: bool = True, va_start: int = 0x1_0000_0000, va_size: int = 1 << 32, version: tuple[int, int, int] = (1, 12, 0),
+               chip_id: int = u.ADRENO_630_CHIP_ID, priorities: int = 3, history: int = 256):
+    self.path, self.strict, self.version, self.chip_id, self.priorities = "emu:/dev/dri/renderD128", strict, version, chip_id, priorities
+    # allocations start 3 GiB into a 4 GiB window so no pair of small integers in a constant buffer looks like a pointer
+    self.window = IovaWindow(va_start, va_size, floor=(3 << 30) if va_size == 1 << 32 else 0)
+    self._gems: dict[int, GemObject] = {}
+    self._by_offset: dict[int, GemObject] = {}
+    self._by_iova: IntervalIndex[GemObject] = IntervalIndex()
+    self._closed: IntervalIndex[int] = IntervalIndex()   # IOVA ranges of released BOs, for "freed BO" diagnostics
+    self._closed_order: collections.deque[int] = collections.deque()
+    self._handles = itertools.count(1)
+    self._next_offset = 0x100000000
+    self._queues: dict[int, SubmitQueue] = {0: SubmitQueue(0, 1)}   # queue 0 exists at open, at the middle priority
+    self._queue_ids = itertools.count(1)
+    self._ring: collections.deque[Job] = collections.deque()
+    self._injected: dict[str, Injected] = {}
+    self._gpu_faults: list[str] = []
+    self.executor = Executor(self._record_dispatch)
+    self.submits: collections.deque[SubmitRecord] = collections.deque(maxlen=history)
+    self.dispatches: collections.deque[Dispatch] = collections.deque(maxlen=history)
+    self.stats = Stats()
+    self.on_dispatch: Callable[[Dispatch], None] | None = None   # where a later IR3 interpreter plugs in
+    self._handlers: dict[int, Callable] = {
+                      u.DRM_IOCTL_VERSION: self._version, u.DRM_IOCTL_MSM_GET_PARAM: self._get_param, u.DRM_IOCTL_MSM_GEM_NEW: self._gem_new,
+                      u.DRM_IOCTL_MSM_GEM_INFO: self._gem_info, u.DRM_IOCTL_GEM_CLOSE: self._gem_close, u.DRM_IOCTL_MSM_GEM_SUBMIT: self._submit,
+                      u.DRM_IOCTL_MSM_WAIT_FENCE: self._wait_fence, u.DRM_IOCTL_MSM_GEM_CPU_PREP: self._cpu_prep,
+                      u.DRM_IOCTL_MSM_GEM_CPU_FINI: lambda a: None, u.DRM_IOCTL_MSM_SUBMITQUEUE_NEW: self._queue_new,
+                      u.DRM_IOCTL_MSM_SUBMITQUEUE_CLOSE: self._queue_close, u.DRM_IOCTL_MSM_SUBMITQUEUE_QUERY: self._queue_query,
+                      u.DRM_IOCTL_MSM_GEM_MADVISE: self._madvise, u.DRM_IOCTL_PRIME_HANDLE_TO_FD: self._prime_to_fd,
+                      u.DRM_IOCTL_PRIME_FD_TO_HANDLE: self._prime_to_handle}
+
+  def __del__(self):
+    self.close()
+
+  def close(self) -> None:
+    for gem in list(self._gems.values()) + [g for j in self._ring for g in j.bos]:
+      gem.open, gem.pins = False, 0
+      self._release(gem)
+    self._gems.clear()
+    self._ring.clear()
+    if hasattr(self, "window"):
+      self.window.close()
+
+  # *** test hooks ***
+
+  def inject(self, ioctl: str, code: int, count: int = 1) -> None:
+    """The next `count` calls of ioctl (e.g. "GEM_NEW", "GEM_SUBMIT", "WAIT_FENCE") fail with errno `code`."""
+    self._injected[ioctl] = Injected(code, count)
+
+  def inject_gpu_fault(self, what: str = "injected SMMU fault") -> None:
+    """The next job to run faults at once, none of its writes done (counted by SUBMITQUEUE_QUERY(FAULTS))."""
+    self._gpu_faults.append(what)
+
+  @property
+  def live_handles(self) -> int:
+    return len(self._gems)
+
+  @property
+  def pending_jobs(self) -> int:
+    return len(self._ring)
+
+  def gem(self, handle: int) -> GemObject:
+    return self._gems[handle]
+
+  # *** file interface ***
+
+  def ioctl(self, request: int, arg):
+    name = u.IOCTL_NAMES.get(request)
+    if name is None or request not in self._handlers:
+      raise _err(errno.ENOTTY, f"ioctl {request:#x} is not emulated")
+    short = name.removeprefix("MSM_")
+    if (inj := self._injected.get(short)) is not None and inj.count > 0:
+      inj.count -= 1
+      raise _err(inj.code, f"injected on {short}")
+    self._handlers[request](arg)
+    return 0
+
+  def mmap(self, start, sz, prot, flags, offset):
+    if (gem := self._by_offset.get(offset)) is None or not gem.open:
+      raise _err(errno.EINVAL, f"mmap offset {offset:#x} names no BO")
+    if sz > _round_page(gem.size):
+      raise _err(errno.EINVAL, f"mmap of {sz:#x} bytes exceeds BO handle {gem.handle} ({gem.size:#x})")
+    addr = libc.mmap(start, sz, prot, flags, gem.memfd, 0)
+    if addr == _FAILED:
+      raise _err(ctypes.get_errno(), f"mmap of BO handle {gem.handle}")
+    return addr
+
+  # *** execution ***
+
+  def _record_dispatch(self, d: Dispatch) -> None:
+    self.stats.dispatches += 1
+    self.dispatches.append(d)
+    if self.on_dispatch is not None:
+      self.on_dispatch(d)
+
+  def progress(self) -> None:
+    """Runs the ring in order until it is empty or its head job parks on an unmet wait."""
+    while self._ring:
+      job = self._ring[0]
+      mem = _JobMemory(self, job)
+      self.executor.pointer_check = mem.pointers if self.strict else None
+      fault = self._gpu_faults.pop(0) if self._gpu_faults else None   # an injected fault kills the job before it writes anything
+      if fault is None:
+        try:
+          if not self.executor.run(job.state, mem):
+            return
+        except (GpuFault, pm4.PM4Error) as e:
+          fault = str(e)
+      if fault is not None:
+        job.queue.faults += 1
+        self.stats.faults.append(f"queue {job.queue.id} fence {job.fence}: {fault}")
+      self._ring.popleft()
+      job.queue.retired = job.fence
+      for gem in job.bos:
+        gem.pins -= 1
+        if not gem.open and gem.pins == 0:
+          self._release(gem)
+
+  def _release(self, gem: GemObject) -> None:
+    if gem.host:
+      libc.munmap(gem.host, _round_page(gem.size))
+      os.close(gem.memfd)
+      gem.host = 0
+    if gem.iova:
+      self._by_iova.remove(gem.iova)
+      self.window.release(gem.iova, gem.size)
+      self._closed.add(gem.iova, _round_page(gem.size), gem.handle)
+      self._closed_order.append(gem.iova)
+      if len(self._closed_order) > 4096:
+        self._closed.remove(self._closed_order.popleft())
+      gem.iova = 0
+    self._by_offset.pop(gem.mmap_offset, None)
+
+  def _assign_iova(self, gem: GemObject, iova: int = 0) -> None:
+    if iova:
+      self.window.take(iova, _round_page(gem.size))
+    else:
+      iova = self.window.alloc(gem.size)
+    for addr in [a for a, _, _ in self._closed.items() if iova <= a < iova + gem.size]:
+      self._closed.remove(addr)
+    gem.iova = iova
+    self._by_iova.add(iova, _round_page(gem.size), gem)
+
+  def _lookup(self, handle: int) -> GemObject:
+    if (gem := self._gems.get(handle)) is None:
+      raise _err(errno.EINVAL, f"invalid GEM handle {handle}")
+    return gem
+
+  # *** ioctls ***
+
+  def _version(self, a: u.drm_version) -> None:
+    a.version_major, a.version_minor, a.version_patchlevel = self.version
+    for fld, text in (("name", b"msm"), ("date", b"20130625"), ("desc", b"MSM Snapdragon DRM (emulated)")):
+      if (n := getattr(a, f"{fld}_len")) and getattr(a, fld):
+        ctypes.memmove(getattr(a, fld), text, min(n, len(text)))
+      setattr(a, f"{fld}_len", len(text))
+
+  def _get_param(self, a: u.drm_msm_param) -> None:
+    if a.pipe != u.MSM_PIPE_3D0:
+      raise _err(errno.EINVAL, f"pipe {a.pipe:#x}")
+    values = {u.MSM_PARAM_GPU_ID: 630, u.MSM_PARAM_CHIP_ID: self.chip_id, u.MSM_PARAM_GMEM_SIZE: 1 << 20, u.MSM_PARAM_MAX_FREQ: 710_000_000,
+              u.MSM_PARAM_TIMESTAMP: always_on_counter(), u.MSM_PARAM_GMEM_BASE: 0x100000, u.MSM_PARAM_PRIORITIES: self.priorities,
+              u.MSM_PARAM_FAULTS: sum(q.faults for q in self._queues.values()), u.MSM_PARAM_SUSPENDS: 0,
+              u.MSM_PARAM_VA_START: self.window.start, u.MSM_PARAM_VA_SIZE: self.window.size}
+    if a.param not in values:
+      raise _err(errno.EINVAL, f"param {a.param:#x}")
+    a.value = values[a.param]
+
+  def _gem_new(self, a: u.drm_msm_gem_new) -> None:
+    if a.flags & ~u.MSM_BO_FLAGS or a.size == 0:
+      raise _err(errno.EINVAL, f"GEM_NEW flags {a.flags:#x} size {a.size:#x}")
+    size = _round_page(a.size)
+    fd = os.memfd_create("msm-bo", os.MFD_CLOEXEC)
+    try:
+      os.ftruncate(fd, size)
+      host = libc.mmap(0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+      if host == _FAILED:
+        raise _err(errno.ENOMEM, "backing mapping")
+    except BaseException:
+      os.close(fd)
+      raise
+    gem = GemObject(next(self._handles), size, a.flags, fd, self._next_offset, host)
+    self._next_offset += size + PAGE
+    self._gems[gem.handle], self._by_offset[gem.mmap_offset] = gem, gem
+    a.handle = gem.handle
+
+  def _gem_info(self, a: u.drm_msm_gem_info) -> None:
+    gem = self._lookup(a.handle)
+    if a.info == u.MSM_INFO_GET_OFFSET:
+      a.value = gem.mmap_offset
+    elif a.info == u.MSM_INFO_GET_IOVA:
+      if not gem.iova:
+        self._assign_iova(gem)
+      a.value = gem.iova
+    elif a.info == u.MSM_INFO_SET_IOVA:
+      if a.value == 0:
+        if gem.pins:
+          raise _err(errno.EBUSY, f"BO handle {gem.handle} is in use")
+        if gem.iova:
+          self._by_iova.remove(gem.iova); self.window.release(gem.iova, gem.size)  # noqa: E702
+        gem.iova = 0
+      elif gem.iova and gem.iova != a.value:
+        raise _err(errno.EBUSY, f"BO handle {gem.handle} already has iova {gem.iova:#x}")
+      elif not gem.iova:
+        try:
+          self._assign_iova(gem, a.value)
+        except ValueError as e:
+          raise _err(errno.ENOSPC, str(e)) from None
+    elif a.info == u.MSM_INFO_GET_FLAGS:
+      a.value = gem.flags
+    else:
+      raise _err(errno.EINVAL, f"GEM_INFO {a.info}")
+
+  def _gem_close(self, a: u.drm_gem_close) -> None:
+    gem = self._lookup(a.handle)
+    del self._gems[a.handle]
+    gem.open = False
+    if gem.pins == 0:
+      self._release(gem)   # otherwise the pending submits keep the backing until they retire
+
+  def _submit(self, a: u.drm_msm_gem_submit) -> None:
+    if a.flags & ~(u.MSM_SUBMIT_FLAGS | u.MSM_PIPE_MASK) or (a.flags & u.MSM_PIPE_MASK) != u.MSM_PIPE_3D0:
+      raise _err(errno.EINVAL, f"submit flags {a.flags:#x}")
+    if a.flags & _UNEMULATED_SUBMIT_FLAGS:
+      raise _err(errno.EINVAL, "fence fds, syncobjs and userspace seqnos are not emulated")
+    if (q := self._queues.get(a.queueid)) is None:
+      raise _err(errno.ENOENT, f"submitqueue {a.queueid}")
+    bos = (u.drm_msm_gem_submit_bo * a.nr_bos).from_address(a.bos) if a.nr_bos else []
+    cmds = (u.drm_msm_gem_submit_cmd * a.nr_cmds).from_address(a.cmds) if a.nr_cmds else []
+    gems: list[GemObject] = []
+    seen: set[int] = set()
+    for i, bo in enumerate(bos):
+      if bo.flags & ~u.MSM_SUBMIT_BO_FLAGS:
+        raise _err(errno.EINVAL, f"bos[{i}] flags {bo.flags:#x}")
+      if bo.handle in seen:
+        raise _err(errno.EINVAL, f"bos[{i}] handle {bo.handle} already on submit list")
+      seen.add(bo.handle)
+      gems.append(self._lookup(bo.handle))
+    frames = []
+    for i, c in enumerate(cmds):
+      if c.type != u.MSM_SUBMIT_CMD_BUF:
+        raise _err(errno.EINVAL, f"cmds[{i}] type {c.type} (only CMD_BUF is emulated)")
+      if c.submit_idx >= len(gems):
+        raise _err(errno.EINVAL, f"cmds[{i}] submit_idx {c.submit_idx} >= nr_bos {len(gems)}")
+      if c.nr_relocs:
+        raise _err(errno.EINVAL, f"cmds[{i}] has relocs, which this driver generation rejects")
+      gem = gems[c.submit_idx]
+      if c.submit_offset % 4 or c.size % 4 or c.size == 0 or c.size > u.MSM_IB_MAX_BYTES or c.submit_offset + c.size > gem.size:
+        raise _err(errno.EINVAL, f"cmds[{i}] offset {c.submit_offset:#x} size {c.size:#x} outside BO handle {gem.handle} ({gem.size:#x})")
+      if not gem.iova:
+        self._assign_iova(gem)
+      frames.append(Frame(gem.iova + c.submit_offset, c.size // 4))
+    for gem in gems:
+      if not gem.iova:
+        self._assign_iova(gem)   # pinning maps the BO
+      gem.pins += 1
+    q.last_fence += 1
+    a.fence = q.last_fence
+    self.stats.submits += 1
+    self.submits.append(SubmitRecord(q.id, q.last_fence, tuple(b.handle for b in bos), tuple(b.flags for b in bos),
+                                     tuple((gems[c.submit_idx].handle, c.submit_offset, c.size) for c in cmds)))
+    self._ring.append(Job(q, q.last_fence, gems, ExecState(frames[::-1]), frozenset(gems)))
+
+  def _wait_fence(self, a: u.drm_msm_wait_fence) -> None:
+    if (q := self._queues.get(a.queueid)) is None:
+      raise _err(errno.ENOENT, f"submitqueue {a.queueid}")
+    if a.fence > q.last_fence:
+      raise _err(errno.EINVAL, f"fence {a.fence} is newer than the queue's last ({q.last_fence})")
+    deadline = a.timeout.tv_sec * 1_000_000_000 + a.timeout.tv_nsec
+    while True:
+      self.progress()
+      if q.retired >= a.fence:
+        return
+      if time.clock_gettime_ns(time.CLOCK_MONOTONIC) >= deadline:
+        raise _err(errno.ETIMEDOUT, f"fence {a.fence} on queue {q.id}")
+      time.sleep(min(0.0005, max(0, deadline - time.clock_gettime_ns(time.CLOCK_MONOTONIC)) / 1e9))
+
+  def _cpu_prep(self, a: u.drm_msm_gem_cpu_prep) -> None:
+    gem = self._lookup(a.handle)
+    deadline = a.timeout.tv_sec * 1_000_000_000 + a.timeout.tv_nsec
+    while True:
+      self.progress()
+      if gem.pins == 0:
+        return
+      if a.op & u.MSM_PREP_NOSYNC:
+        raise _err(errno.EBUSY, f"BO handle {gem.handle} is busy")
+      if time.clock_gettime_ns(time.CLOCK_MONOTONIC) >= deadline:
+        raise _err(errno.ETIMEDOUT, f"BO handle {gem.handle}")
+      time.sleep(0.0005)
+
+  def _queue_new(self, a: u.drm_msm_submitqueue) -> None:
+    if a.flags & u.MSM_SUBMITQUEUE_ALLOW_PREEMPT:
+      raise _err(errno.EINVAL, "preemption needs more than one ring (a630 has one)")
+    if a.flags & ~u.MSM_SUBMITQUEUE_ALLOW_PREEMPT:
+      raise _err(errno.EINVAL, f"submitqueue flags {a.flags:#x}")
+    if a.prio >= self.priorities:
+      raise _err(errno.EINVAL, f"priority {a.prio} >= {self.priorities}")
+    q = SubmitQueue(next(self._queue_ids), a.prio, a.flags)
+    self._queues[q.id] = q
+    a.id = q.id
+
+  def _queue_close(self, a: ctypes.c_uint32) -> None:
+    qid = a.value
+    if qid == 0 or qid not in self._queues:
+      raise _err(errno.ENOENT, f"submitqueue {qid}")
+    del self._queues[qid]   # its pending jobs still run and retire, like the kernel's refcounted queue
+
+  def _queue_query(self, a: u.drm_msm_submitqueue_query) -> None:
+    if (q := self._queues.get(a.id)) is None:
+      raise _err(errno.ENOENT, f"submitqueue {a.id}")
+    if a.param != u.MSM_SUBMITQUEUE_PARAM_FAULTS:
+      raise _err(errno.EINVAL, f"query param {a.param}")
+    self.progress()
+    if a.data and a.len >= 4:
+      ctypes.c_uint32.from_address(a.data).value = q.faults
+    a.len = 4
+
+  def _madvise(self, a: u.drm_msm_gem_madvise) -> None:
+    self._lookup(a.handle)
+    a.retained = 1
+
+  def _prime_to_fd(self, a: u.drm_prime_handle) -> None:
+    a.fd = os.dup(self._lookup(a.handle).memfd)
+
+  def _prime_to_handle(self, a: u.drm_prime_handle) -> None:
+    ino = os.fstat(a.fd).st_ino
+    for gem in self._gems.values():
+      if os.fstat(gem.memfd).st_ino == ino:
+        a.handle = gem.handle
+        return
+    raise _err(errno.EINVAL, "importing foreign dma-bufs is not emulated")

@@ -1,0 +1,444 @@
+"""The MSM kernel interface: a mainline drm/msm render node under tinygrad's QCOM device.
+
+Every allocation is a `GemBuffer` holding its three identities (GEM handle, CPU mapping, GPU IOVA). Commands carry
+IOVAs; the CPU writes through the mapping. Submits go through a small scheduler: at most `inflight` jobs are given to
+the kernel at a time (the a630 has one ring and no preemption, so what sits in the ring delays the compositor), the
+rest wait in a FIFO that waits on fences pump. A buffer is closed only when no pending or in-flight submit and no
+bound (graph) queue references it.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import errno
+import glob
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+
+from tinygrad.helpers import getenv
+from tinygrad.runtime.support.hcq import FileIOInterface
+from tinygrad.uop.ops import sym_infer
+
+from backend import uapi as u
+from backend.intervals import IntervalIndex
+
+PAGE = 0x1000
+BO_RW = u.MSM_SUBMIT_BO_READ | u.MSM_SUBMIT_BO_WRITE
+_BO = struct.Struct("<IIQ")   # drm_msm_gem_submit_bo, packed straight into the per-submit table
+
+
+class MSMFault(RuntimeError):
+  """The GPU faulted or hung on one of our jobs. The job's lost signal writes were completed, so the device stays usable."""
+
+
+class MSMTimeout(RuntimeError):
+  """A fence did not retire by the deadline. Not sticky: a later wait may still see it retire."""
+
+
+def _ioctl(fd, req: int, arg):
+  return fd.ioctl(req, arg)
+
+
+def monotonic_ns() -> int:
+  return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+@dataclass(eq=False)
+class GemBuffer:
+  """One GEM object: handle, CPU mapping and GPU address together."""
+  handle: int
+  size: int          # bytes mapped (page-rounded)
+  iova: int
+  cpu: int
+  last_fence: int = 0   # newest submit that listed it
+  pins: int = 0         # bound queues whose commands reference it
+  freed: bool = False   # the owner let go; closed once pins == 0 and last_fence retired
+  closed: bool = False
+  packed: bytes = b""   # its drm_msm_gem_submit_bo entry
+
+
+@dataclass(eq=False)
+class Job:
+  """One GEM_SUBMIT: a command range and its BO table, plus what to complete from the CPU if the GPU loses it."""
+  cmd: GemBuffer
+  offset: int
+  size: int
+  table: bytearray
+  nr_bos: int
+  gems: list
+  signals: list = field(default_factory=list)   # (address, value) the job writes, ints or symbols of var_vals, for recovery
+  fence: int = 0
+  var_vals: dict = field(default_factory=dict)
+
+  @property
+  def handles(self) -> list[int]:
+    return [h for _, h, _ in struct.iter_unpack("<IIQ", bytes(self.table))]
+
+
+@dataclass(frozen=True)
+class Settings:
+  priority: int
+  chunk_kernels: int
+  inflight: int
+  wait_slice_ms: int
+  wait_timeout_ms: int
+
+  @staticmethod
+  def from_env(priorities: int) -> Settings:
+    # read per device (not tinygrad's cached getenv): each opened device may be given its own settings
+    def env(k: str, default: int) -> int:
+      return int(os.environ.get(k, default))
+    prio = env("MSM_PRIORITY", priorities - 1)   # lowest by default: a lower number is a higher priority
+    if not 0 <= prio < priorities:
+      raise RuntimeError(f"MSM_PRIORITY={prio} is out of range: this GPU has priorities 0..{priorities - 1}")
+    s = Settings(prio, env("MSM_CHUNK_KERNELS", 64), env("MSM_INFLIGHT", 2), env("MSM_WAIT_SLICE_MS", 10),
+                 env("MSM_WAIT_TIMEOUT_MS", env("HCQDEV_WAIT_TIMEOUT_MS", 30000)))
+    if s.chunk_kernels < 0 or s.inflight < 1:
+      raise RuntimeError("MSM_CHUNK_KERNELS must be >= 0 (0: no chunking) and MSM_INFLIGHT >= 1")
+    return s
+
+
+def get_param(fd, param: int) -> int:
+  return _ioctl(fd, u.DRM_IOCTL_MSM_GET_PARAM, p := u.drm_msm_param(pipe=u.MSM_PIPE_3D0, param=param)) or p.value
+
+
+def drm_version(fd) -> tuple[str, tuple[int, int, int]]:
+  v = u.drm_version()
+  _ioctl(fd, u.DRM_IOCTL_VERSION, v)
+  name = ctypes.create_string_buffer(v.name_len + 1)
+  v2 = u.drm_version(name_len=v.name_len, name=ctypes.addressof(name))
+  _ioctl(fd, u.DRM_IOCTL_VERSION, v2)
+  return name.value.decode(errors="replace"), (v2.version_major, v2.version_minor, v2.version_patchlevel)
+
+
+def find_render_node(paths: list[str] | None = None) -> tuple[FileIOInterface, str]:
+  """Opens the first render node driven by msm with an Adreno 630 (chip 6.3.0.x)."""
+  seen = []
+  for path in paths if paths is not None else sorted(glob.glob("/dev/dri/renderD*")):
+    try:
+      fd = FileIOInterface(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+      seen.append(f"{path}: {e.strerror}")
+      continue
+    try:
+      name, ver = drm_version(fd)
+      if name != "msm":
+        seen.append(f"{path}: driver {name}")
+        continue
+      gpu, chip = get_param(fd, u.MSM_PARAM_GPU_ID), get_param(fd, u.MSM_PARAM_CHIP_ID)
+      if gpu != 630 or chip >> 8 != u.ADRENO_630_CHIP_ID >> 8:
+        seen.append(f"{path}: msm {ver} gpu {gpu} chip {chip:#x} (need Adreno 630)")
+        continue
+      return fd, path
+    except OSError as e:
+      seen.append(f"{path}: {e}")
+  raise RuntimeError("no msm render node with an Adreno 630: " + ("; ".join(seen) if seen else "no /dev/dri/renderD* nodes"))
+
+
+class MSMIface:
+  """Kernel interface of QCOM over drm/msm. `dev` is the QCOMDevice it serves."""
+
+  renderer_names = ("IR3",)
+
+  def __init__(self, dev, device_id: int = 0):
+    self.dev, self.device_id = dev, device_id
+    self.fd, self.path = self._open()
+    self.peer_group = f"QCOM:{id(self):x}"   # signal pages are this node's GEM objects: never shared with another device
+    self.driver_version = drm_version(self.fd)[1]
+    self.chip_id = get_param(self.fd, u.MSM_PARAM_CHIP_ID)
+    self.gpu_id = (self.chip_id >> 24, (self.chip_id >> 16) & 0xff, (self.chip_id >> 8) & 0xff)
+    self.priorities = get_param(self.fd, u.MSM_PARAM_PRIORITIES)
+    self.va_range = self._va_range()
+    self.settings = Settings.from_env(self.priorities)
+    _ioctl(self.fd, u.DRM_IOCTL_MSM_SUBMITQUEUE_NEW, q := u.drm_msm_submitqueue(flags=0, prio=self.settings.priority))
+    self.queue_id = q.id
+    self.index: IntervalIndex[GemBuffer] = IntervalIndex()
+    self.pending: collections.deque[Job] = collections.deque()
+    self.inflight: collections.deque[Job] = collections.deque()
+    self.retired = self.last_fence = self.faults_seen = 0
+    self._recovering = False
+    self.just_retired: list[Job] = []   # retired since the last fault check: the candidates for a lost signal write
+    self.zombies: list[GemBuffer] = []
+    self.submit_flags = u.MSM_PIPE_3D0 | (0 if getenv("MSM_IMPLICIT_SYNC", 0) else u.MSM_SUBMIT_NO_IMPLICIT)
+    self._cmd = u.drm_msm_gem_submit_cmd(type=u.MSM_SUBMIT_CMD_BUF)
+    self._submit = u.drm_msm_gem_submit(flags=self.submit_flags, queueid=self.queue_id, nr_cmds=1, cmds=ctypes.addressof(self._cmd))
+    self.stats: collections.Counter[str] = collections.Counter()
+    self.recent: collections.deque[Job] = collections.deque(maxlen=64)   # the last jobs given to the kernel, for tests and doctor
+
+  def _open(self):
+    return find_render_node()
+
+  def _va_range(self) -> tuple[int, int] | None:
+    try:
+      return get_param(self.fd, u.MSM_PARAM_VA_START), get_param(self.fd, u.MSM_PARAM_VA_SIZE)
+    except OSError:
+      return None   # no per-process page tables: the kernel does not say
+
+  # *** memory ***
+
+  def alloc(self, size: int, flags: int = u.MSM_BO_WC) -> GemBuffer:
+    # WC (not CACHED): CPU_PREP/FINI do no cache maintenance on msm
+    size = (size + PAGE - 1) & ~(PAGE - 1)
+    try:
+      _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_NEW, new := u.drm_msm_gem_new(size=size, flags=flags))
+    except OSError as e:
+      raise MemoryError(f"msm GEM_NEW of {size} bytes failed: {e}") from e
+    try:
+      _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_INFO, off := u.drm_msm_gem_info(handle=new.handle, info=u.MSM_INFO_GET_OFFSET))
+      _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_INFO, iova := u.drm_msm_gem_info(handle=new.handle, info=u.MSM_INFO_GET_IOVA))
+      cpu = self.fd.mmap(0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, off.value)
+    except OSError as e:
+      _ioctl(self.fd, u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=new.handle))
+      raise MemoryError(f"msm BO setup (GEM_INFO/mmap) of {size} bytes failed: {e}") from e
+    gem = GemBuffer(new.handle, size, iova.value, cpu, packed=_BO.pack(BO_RW, new.handle, iova.value))
+    self.index.add(gem.iova, size, gem)
+    self.stats["alloc"] += 1
+    return gem
+
+  def free(self, gem: GemBuffer) -> None:
+    """Retire, then free: closes now if nothing can touch it any more, else when its last fence retires or its last graph dies."""
+    if gem.freed:
+      return
+    gem.freed = True
+    if gem.last_fence > self.retired:
+      self.poll_fence(gem.last_fence)
+    if not self._close_if_idle(gem):
+      self.zombies.append(gem)
+
+  def unpin(self, gem: GemBuffer) -> None:
+    gem.pins -= 1
+    if gem.freed and gem.pins == 0:
+      self._reap()
+
+  def _close_if_idle(self, gem: GemBuffer) -> bool:
+    if gem.closed:
+      return True
+    if gem.pins or gem.last_fence > self.retired or any(gem in j.gems for j in self.pending):
+      return False
+    FileIOInterface.munmap(gem.cpu, gem.size)
+    self.index.remove(gem.iova)
+    _ioctl(self.fd, u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=gem.handle))
+    gem.closed = True
+    self.stats["close"] += 1
+    return True
+
+  def _reap(self) -> None:
+    if self.zombies:
+      self.zombies = [g for g in self.zombies if not self._close_if_idle(g)]
+
+  def cpu_addr(self, iova: int, size: int) -> int:
+    """The CPU address of a GPU address range, or an error: a GPU address is never used as a CPU pointer."""
+    hit = self.index.find(iova)
+    if hit is None or iova + size > hit[0] + hit[1]:
+      raise RuntimeError(f"{iova:#x}+{size:#x} is not inside a live GEM buffer of {self.path}: refusing to use a GPU address as a CPU pointer")
+    return hit[2].cpu + (iova - hit[0])
+
+  def gem_at(self, iova: int) -> GemBuffer:
+    if (hit := self.index.find(iova)) is None:
+      raise RuntimeError(f"GPU address {iova:#x} is not inside a live GEM buffer of {self.path}")
+    return hit[2]
+
+  # *** submission ***
+
+  def job(self, cmd: GemBuffer, offset: int, size: int, gems: list[GemBuffer], signals: list | None = None) -> Job:
+    """A job whose table lists cmd first, then every gem once (the caller dedups)."""
+    table = bytearray(cmd.packed)
+    for g in gems:
+      table += g.packed
+    return Job(cmd, offset, size, table, 1 + len(gems), gems, signals or [])
+
+  def enqueue(self, job: Job) -> None:
+    self.pending.append(job)
+    self.pump()
+
+  def pump(self) -> None:
+    """Gives pending jobs to the kernel while fewer than `inflight` are there."""
+    while self.pending and len(self.inflight) < self.settings.inflight:
+      job = self.pending.popleft()
+      self._cmd.submit_offset, self._cmd.size = job.offset, job.size
+      buf = (ctypes.c_char * len(job.table)).from_buffer(job.table)
+      self._submit.nr_bos, self._submit.bos = job.nr_bos, ctypes.addressof(buf)
+      try:
+        _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_SUBMIT, self._submit)
+      except OSError as e:
+        self.stats["submit_errors"] += 1
+        self._recover([job], older_than_inflight=False)
+        if e.errno == errno.EIO:
+          raise MSMFault(f"GPU hang: msm GEM_SUBMIT returned EIO on {self.path} (recovered; the job did not run)") from e
+        raise MSMFault(f"msm GEM_SUBMIT rejected a job with {job.nr_bos} BOs: {e}") from e
+      job.fence = self.last_fence = self._submit.fence
+      job.cmd.last_fence = job.fence
+      for g in job.gems:
+        g.last_fence = job.fence
+      self.inflight.append(job)
+      self.recent.append(job)
+      self.stats["max_inflight"] = max(self.stats["max_inflight"], len(self.inflight))
+      self.stats["submits"] += 1
+      self.stats["bos"] += job.nr_bos
+
+  def wait_fence(self, fence: int, timeout_ms: int | None = None) -> None:
+    """Until the fence retired; then a GPU fault reported by the kernel since the last check raises MSMFault."""
+    if fence <= self.retired:
+      return
+    self._wait(fence, timeout_ms)
+    self._check_faults()
+
+  def _wait(self, fence: int, timeout_ms: int | None = None) -> None:
+    """WAIT_FENCE in slices with absolute CLOCK_MONOTONIC deadlines; EINTR and per-slice timeouts retry until the overall deadline."""
+    end = monotonic_ns() + (timeout_ms if timeout_ms is not None else self.settings.wait_timeout_ms) * 1_000_000
+    w = u.drm_msm_wait_fence(fence=fence, queueid=self.queue_id)
+    while True:
+      now = monotonic_ns()
+      dl = min(end, now + self.settings.wait_slice_ms * 1_000_000)
+      w.timeout.tv_sec, w.timeout.tv_nsec = divmod(dl, 1_000_000_000)
+      try:
+        _ioctl(self.fd, u.DRM_IOCTL_MSM_WAIT_FENCE, w)
+        break
+      except OSError as e:
+        if e.errno not in (errno.ETIMEDOUT, errno.EINTR, errno.EAGAIN):
+          raise RuntimeError(f"msm WAIT_FENCE({fence}) failed: {e}") from e
+        self.stats["wait_retries"] += 1
+        if not self._recovering and self._fault_count() > self.faults_seen:
+          # a killed job never writes its signals, so what waits behind it may never retire: report and recover now
+          for j in list(self.inflight):
+            if not self.poll_fence(j.fence):
+              break
+          self._check_faults()
+        if monotonic_ns() >= end:
+          raise MSMTimeout(f"msm fence {fence} on submitqueue {self.queue_id} not retired after "
+                             f"{timeout_ms if timeout_ms is not None else self.settings.wait_timeout_ms} ms (last WAIT_FENCE: {e.strerror})") from e
+    self._retired_upto(fence)
+
+  def poll_fence(self, fence: int) -> bool:
+    """Whether the fence retired, without blocking (a WAIT_FENCE whose deadline is now)."""
+    if fence <= self.retired:
+      return True
+    if not any(j.fence == fence for j in self.inflight):
+      return False
+    w = u.drm_msm_wait_fence(fence=fence, queueid=self.queue_id)
+    w.timeout.tv_sec, w.timeout.tv_nsec = divmod(monotonic_ns(), 1_000_000_000)
+    try:
+      _ioctl(self.fd, u.DRM_IOCTL_MSM_WAIT_FENCE, w)
+    except OSError:
+      return False
+    self._retired_upto(fence)
+    return True
+
+  def _retired_upto(self, fence: int) -> None:
+    self.retired = max(self.retired, fence)
+    while self.inflight and self.inflight[0].fence <= fence:
+      self.just_retired.append(self.inflight.popleft())
+    self._reap()
+
+  def _fault_count(self) -> int:
+    q = u.drm_msm_submitqueue_query(data=ctypes.addressof(n := ctypes.c_uint32()), id=self.queue_id, param=u.MSM_SUBMITQUEUE_PARAM_FAULTS, len=4)
+    _ioctl(self.fd, u.DRM_IOCTL_MSM_SUBMITQUEUE_QUERY, q)
+    return n.value
+
+  def _check_faults(self) -> None:
+    if (count := self._fault_count()) <= self.faults_seen:
+      self.just_retired.clear()
+      return
+    new, detail, lost = count - self.faults_seen, self.fault_detail(), self.just_retired
+    self.just_retired = []
+    self._recover(lost, older_than_inflight=True)
+    raise MSMFault(f"GPU fault on msm submitqueue {self.queue_id}: {new} new fault(s), {count} in total; {detail}")
+
+  def fault_detail(self) -> str:
+    return "see the kernel log (dmesg: msm iova fault / hangcheck) for the faulting address"
+
+  def _recover(self, lost: list[Job], older_than_inflight: bool) -> None:
+    """After a fault or a refused submit, complete from the CPU the signal writes the lost jobs would have made, in job order
+    (signals only grow, so writing max(old, new) never moves one back): retired-but-faulted jobs are older than what is in flight,
+    whose waits may depend on them, so they go first; a refused job is newer, so it waits until everything in flight retired."""
+    if older_than_inflight:
+      self._complete(lost)
+    drained = list(self.inflight)
+    self._recovering = True
+    try:
+      if drained:
+        self._wait(drained[-1].fence)
+    except RuntimeError:
+      pass   # still stuck: the next wait reports it
+    finally:
+      self._recovering = False
+    self._complete(drained if older_than_inflight else drained + lost)
+    self.just_retired.clear()
+    self.faults_seen = self._fault_count()   # faults of jobs drained here belong to this report
+
+  def _complete(self, jobs: list[Job]) -> None:
+    for job in jobs:
+      for addr, value in job.signals:
+        iova, v = (x if isinstance(x, int) else int(sym_infer(x, job.var_vals)) for x in (addr, value))
+        sig = ctypes.c_uint64.from_address(self.cpu_addr(iova, 8))
+        sig.value = max(sig.value, v)
+
+  def sleep(self) -> None:
+    """Called while the CPU waits on the timeline: wait for the oldest in-flight job when others are queued behind it, then pump."""
+    if not self.inflight:
+      self.pump()
+    if self.inflight:
+      self.wait_fence(self.inflight[0].fence if self.pending else self.inflight[-1].fence)
+    self.pump()
+
+  def wait_job(self, job: Job) -> None:
+    """Until this job has retired (pumping the FIFO as needed)."""
+    while not job.fence:
+      if not self.inflight:
+        self.pump()
+      self.wait_fence(self.inflight[0].fence)
+      self.pump()
+    self.wait_fence(job.fence)
+
+  def drain(self) -> None:
+    while self.pending or self.inflight:
+      if self.inflight:
+        self.wait_fence(self.inflight[-1].fence)
+      self.pump()
+
+  def device_fini(self) -> None:
+    try:
+      self.drain()
+    except RuntimeError:
+      pass
+    if getattr(self, "queue_id", 0):
+      try:
+        _ioctl(self.fd, u.DRM_IOCTL_MSM_SUBMITQUEUE_CLOSE, ctypes.c_uint32(self.queue_id))
+      except OSError:
+        pass
+      self.queue_id = 0
+
+
+class EMUIface(MSMIface):
+  """MSM over the emulated render node. Only when asked for by name (DEV=EMU+QCOM): a GPU-less box must not silently emulate."""
+
+  def __init__(self, dev, device_id: int = 0):
+    from tinygrad.helpers import DEV
+    if DEV.target("QCOM").interface != "EMU":
+      raise RuntimeError("the EMU interface is used only when asked for: DEV=EMU+QCOM:IR3")
+    super().__init__(dev, device_id)
+
+  def _open(self):
+    from backend.emu import RenderNode
+    node = RenderNode(strict=bool(getenv("EMU_STRICT", 1)))
+    return node, node.path
+
+  @property
+  def node(self):
+    return self.fd
+
+  def fault_detail(self) -> str:
+    return self.fd.stats.faults[-1] if self.fd.stats.faults else super().fault_detail()
+
+
+class KGSLIface:
+  """Marks the upstream KGSL path: tinygrad 0.14.0's own QCOMDevice runs it unchanged."""
+
+  renderer_names = ("CL", "IR3")
+
+  def __init__(self, dev, device_id: int = 0):
+    if not os.path.exists("/dev/kgsl-3d0"):
+      raise RuntimeError("no /dev/kgsl-3d0 (not a KGSL kernel)")

@@ -1,0 +1,294 @@
+"""tinygrad 0.14.0's QCOM device with kernel interfaces: KGSL (upstream, untouched), MSM and EMU.
+
+The MSM/EMU path reuses QCOM's program, queue, args and graph code. Only what differs at the kernel interface lives here:
+allocation (GEM), submission (GEM_SUBMIT with a per-submit BO table, chunked graphs), waits (WAIT_FENCE), and the
+places where 0.14.0 uses a GPU address as a CPU pointer. Those places (QCOMComputeQueue.exec, QCOMArgsState.__init__,
+QCOMProgram.__init__) run upstream's own code with `to_mv`/`ctypes.memset` bound to a translation that maps an IOVA to its
+CPU mapping through the interface's interval index (and refuses anything that is not a live GPU buffer), so the packets
+they emit stay exactly upstream's.
+"""
+from __future__ import annotations
+
+import array
+import collections
+import contextlib
+import contextvars
+import ctypes
+import functools
+import types
+
+from tinygrad.device import BufferSpec, Compiled
+from tinygrad.helpers import IMAGE, round_up, suppress_finalizing, to_mv
+from tinygrad.renderer.nir import IR3Renderer
+from tinygrad.runtime import ops_qcom as up
+from tinygrad.runtime.support.hcq import HCQBuffer, HCQCompiled, MMIOInterface
+from tinygrad.uop.ops import UOp
+
+from backend.msm import EMUIface, GemBuffer, Job, KGSLIface, MSMFault, MSMIface, MSMTimeout
+
+_IFACE: contextvars.ContextVar[MSMIface] = contextvars.ContextVar("msm_iface")
+CONST_WINDOW = 0x1000   # CP_LOAD_STATE6 reads 256 vec4 of constants whatever the kernel's kernargs size
+
+
+def _to_cpu_mv(addr, size: int) -> memoryview:
+  return to_mv(_IFACE.get().cpu_addr(int(addr), size), size)
+
+
+_ctypes_translated = types.SimpleNamespace(memset=lambda addr, c, n: ctypes.memset(_IFACE.get().cpu_addr(int(addr), n), c, n))
+
+
+def _rebind(fn, **names):
+  """fn's own code object with some global names rebound (upstream's code runs unchanged; only its CPU-pointer helpers differ)."""
+  new = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__, fn.__closure__)
+  new.__kwdefaults__, new.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+  return new
+
+
+@contextlib.contextmanager
+def _cpu_pointers(iface: MSMIface):
+  tok = _IFACE.set(iface)
+  try:
+    yield
+  finally:
+    _IFACE.reset(tok)
+
+
+class MSMSignal(up.QCOMSignal):
+  def _sleep(self, time_spent_since_last_sleep_ms: int):
+    if self.is_timeline and self.owner is not None:
+      self.owner.iface.sleep()
+
+
+class MSMArgsState(up.QCOMArgsState):
+  def __init__(self, buf: HCQBuffer, prg, bufs, vals=()):
+    with _cpu_pointers(prg.dev.iface):
+      _ARGS_INIT(self, buf, prg, bufs, vals)
+
+
+
+class _Chunk:
+  """One GEM_SUBMIT of a bound queue: a dword range of its commands and what that range references."""
+
+  def __init__(self, start: int, end: int, gems: list[GemBuffer], syms: list[int], sigs: list):
+    self.offset, self.size, self.gems, self.syms, self.sigs = start * 4, (end - start) * 4, gems, syms, sigs
+    self.handles = {g.handle for g in gems}
+    self.packed = b"".join(g.packed for g in gems)
+
+
+class MSMComputeQueue(up.QCOMComputeQueue):
+  """QCOM's compute queue; records every buffer and signal its commands reference, by dword position, for the BO tables."""
+
+  def __init__(self, dev):
+    super().__init__(dev)
+    self.iface: MSMIface = dev.iface
+    self._refs: list[tuple[int, GemBuffer | int]] = []   # (dword position, GemBuffer or index of a symbolic address)
+    self._sigs: list[tuple[int, int | UOp, int | UOp]] = []
+    self._exec_ends: list[int] = []
+    self._chunks: list[_Chunk] = []
+    self._last_job: Job | None = None
+    self._var_vals: dict[str, int] = {}
+
+  def _ref(self, buf: HCQBuffer):
+    va = buf.va_addr
+    self._refs.append((len(self._q), self._new_sym(va) if isinstance(va, UOp) else self.iface.gem_at(va)))
+
+  def signal(self, signal, value=0):
+    self._ref(signal.base_buf)
+    self._sigs.append((len(self._q), signal.value_addr, value))
+    return super().signal(signal, value)
+
+  def timestamp(self, signal):
+    self._ref(signal.base_buf)
+    return super().timestamp(signal)
+
+  def wait(self, signal, value=0):
+    self._ref(signal.base_buf)
+    return super().wait(signal, value)
+
+  def exec(self, prg, args_state, global_size, local_size):
+    for b in (args_state.buf, prg.lib_gpu, prg.dev._stack, *args_state.bufs, *([prg.dev.border_color_buf] if prg.samp_cnt else [])):
+      self._ref(b)
+    with _cpu_pointers(self.iface):
+      _EXEC(self, prg, args_state, global_size, local_size)
+    self._exec_ends.append(len(self._q))
+    return self
+
+  # *** BO tables ***
+
+  def submit(self, dev, var_vals: dict[str, int] | None = None):
+    # patching a bound queue rewrites its commands and kernargs in place: never under a job that may still read them
+    if self._last_job is not None and not (self._last_job.fence and self._last_job.fence <= self.iface.retired):
+      self.iface.wait_job(self._last_job)
+    self._var_vals = var_vals or {}
+    return super().submit(dev, var_vals)
+
+  def _plan(self, dev, n: int, chunk_kernels: int) -> list[_Chunk]:
+    cuts = [0] + ([e for e in self._exec_ends[chunk_kernels - 1::chunk_kernels] if e < n] if chunk_kernels else []) + [n]
+    chunks = []
+    for a, b in zip(cuts, cuts[1:]):
+      gems: dict[int, GemBuffer] = {dev.dummy_gem.handle: dev.dummy_gem}   # the flush event's target, in every chunk
+      syms: list[int] = []
+      for pos, r in self._refs:
+        if a <= pos < b or (b == n and pos >= n):
+          if isinstance(r, int):
+            if r not in syms:
+              syms.append(r)
+          else:
+            gems.setdefault(r.handle, r)
+      chunks.append(_Chunk(a, b, list(gems.values()), syms, [(addr, val) for pos, addr, val in self._sigs if a <= pos < b or (b == n and pos >= n)]))
+    return chunks
+
+  def _job(self, iface: MSMIface, cmd: GemBuffer, ch: _Chunk) -> Job:
+    table, gems, nr = bytearray(cmd.packed) + ch.packed, [], 1 + len(ch.gems)
+    seen = ch.handles
+    for idx in ch.syms:
+      g = iface.gem_at(int(self._prev_resolved_syms[idx] or 0))
+      if g.handle not in seen and g is not cmd:
+        seen = seen | {g.handle}
+        table += g.packed
+        gems.append(g)
+        nr += 1
+    # signal writes are resolved only if a recovery needs them (sym_infer is too slow for every submit)
+    return Job(cmd, ch.offset, ch.size, table, nr, gems, ch.sigs, var_vals=self._var_vals)
+
+  def bind(self, dev):
+    self.binded_device = dev
+    self.hw_page = dev.allocator.alloc(len(self._q) * 4, BufferSpec(cpu_access=True, nolru=True))
+    words = self.hw_page.cpu_view().view(size=len(self._q) * 4, fmt="I")
+    words.mv[:] = array.array("I", self._q)
+    n, self._q = len(self._q), words   # from now on patches write the device copy, through its CPU mapping
+    self._cmd_gem = dev.iface.gem_at(self.hw_page.va_addr)
+    self._chunks = self._plan(dev, n, dev.iface.settings.chunk_kernels)
+    self._pinned = list({g.handle: g for ch in self._chunks for g in ch.gems}.values())
+    for g in self._pinned:
+      g.pins += 1
+
+  def _submit(self, dev):
+    iface: MSMIface = dev.iface
+    if self.binded_device is dev:
+      for ch in self._chunks:
+        iface.enqueue(job := self._job(iface, self._cmd_gem, ch))
+      self._last_job = job
+      return
+    n = len(self._q)
+    off = dev.cmd_ring.alloc(n * 4)
+    dev.cmd_buf.cpu_view().view(off, n * 4, fmt="I").mv[:] = array.array("I", self._q)
+    job = self._job(iface, dev.cmd_gem, ch := self._plan(dev, n, 0)[0])
+    job.offset, job.gems = off, ch.gems + job.gems   # not pinned by anyone: the job's fence is what keeps them open
+    dev.cmd_ring.used.append((off, off + n * 4, job))
+    iface.enqueue(job)
+
+  @suppress_finalizing
+  def __del__(self):
+    if self.binded_device is not None:
+      iface = self.binded_device.iface
+      if self._last_job is not None:
+        iface.wait_job(self._last_job)
+      for g in getattr(self, "_pinned", []):
+        iface.unpin(g)
+    super().__del__()
+
+
+class CmdRing:
+  """Command space for unbound queues. A range is handed out again only after the job that used it retired."""
+
+  def __init__(self, iface: MSMIface, size: int):
+    self.iface, self.size, self.head = iface, size, 0
+    self.used: collections.deque[tuple[int, int, Job]] = collections.deque()
+
+  def alloc(self, n: int) -> int:
+    n = round_up(n, 64)
+    if n > self.size:
+      raise RuntimeError(f"a {n}-byte command stream does not fit the {self.size}-byte command buffer")
+    if self.head + n > self.size:
+      self.head = 0
+    start, end = self.head, self.head + n
+    while self.used and self.used[0][2].fence and self.used[0][2].fence <= self.iface.retired:
+      self.used.popleft()
+    last = max((i for i, (s, e, _) in enumerate(self.used) if s < end and start < e), default=None)
+    if last is not None:
+      self.iface.wait_job(self.used[last][2])
+      for _ in range(last + 1):
+        self.used.popleft()
+    self.head = end
+    return start
+
+
+class MSMProgram(up.QCOMProgram):
+  def __init__(self, dev, obj):
+    with _cpu_pointers(dev.iface):
+      _PROGRAM_INIT(self, dev, obj)
+
+
+class MSMAllocator(up.QCOMAllocator):
+  def _alloc(self, size: int, opts: BufferSpec) -> HCQBuffer:
+    if opts.external_ptr:
+      raise RuntimeError("msm has no userptr: host pointers cannot be mapped; allocate a QCOM buffer and copy instead")
+    # kernargs live in cpu_access buffers and the constant load always reads a 4 KiB window: keep that window inside the BO
+    return self.dev._gpu_alloc(size, tail=CONST_WINDOW if opts.cpu_access else 0)
+
+
+_EXEC = _rebind(up.QCOMComputeQueue.exec, to_mv=_to_cpu_mv)
+_ARGS_INIT = _rebind(up.QCOMArgsState.__init__, to_mv=_to_cpu_mv, ctypes=_ctypes_translated)
+_PROGRAM_INIT = _rebind(up.QCOMProgram.__init__, to_mv=_to_cpu_mv, QCOMArgsState=MSMArgsState)
+
+
+class QCOMDevice(up.QCOMDevice):
+  """`Device["QCOM"]`: picks a kernel interface the tinygrad way (DEV=KGSL+QCOM, DEV=MSM+QCOM, DEV=EMU+QCOM:IR3; else the first that opens).
+  KGSL returns tinygrad's own QCOMDevice, untouched."""
+
+  ifaces = [KGSLIface, MSMIface, EMUIface]
+  iface: MSMIface
+  _iface_chosen: MSMIface
+
+  def __new__(cls, device: str = ""):
+    self = object.__new__(cls)
+    iface = Compiled._select_iface(self, device)
+    if isinstance(iface, KGSLIface):
+      return up.QCOMDevice(device)
+    self._iface_chosen = iface
+    return self
+
+  def __init__(self, device: str = ""):
+    self.iface: MSMIface = self.__dict__.pop("_iface_chosen")
+    self.iface.dev, self.fd, self.gpu_id, self.last_cmd = self, self.iface.fd, self.iface.gpu_id, 0
+    if self.gpu_id[:2] >= (7, 3):
+      raise RuntimeError(f"Unsupported GPU: chip_id={self.iface.chip_id:#x}")
+    self.dummy_buf = self._gpu_alloc(0x1000)
+    self.dummy_addr, self.dummy_gem = int(self.dummy_buf.va_addr), self.dummy_buf.meta
+    self.cmd_buf = self._gpu_alloc(16 << 20)
+    self.cmd_gem, self.cmd_ring = self.cmd_buf.meta, CmdRing(self.iface, 16 << 20)
+    self.border_color_buf = self._gpu_alloc(0x1000, fill_zeroes=True)
+    queue_t = functools.partial(MSMComputeQueue, self)
+    HCQCompiled.__init__(self, device, MSMAllocator(self, batch_cnt=0), [IR3Renderer], MSMProgram, MSMSignal, queue_t,
+                         arch=("a%d%d%d" + (",IMAGE_PITCH_ALIGNMENT=64" if IMAGE else "")) % self.gpu_id)
+
+  def _gpu_alloc(self, size: int, flags: int = 0, uncached=False, fill_zeroes=False, tail: int = 0) -> HCQBuffer:
+    gem = self.iface.alloc(size + tail)
+    if fill_zeroes:
+      ctypes.memset(gem.cpu, 0, size)
+    return HCQBuffer(gem.iova, size, meta=gem, view=MMIOInterface(gem.cpu, size, fmt="B"), owner=self)
+
+  def _gpu_map(self, ptr: int, size: int) -> HCQBuffer:
+    raise RuntimeError("msm has no userptr: host pointers cannot be mapped")
+
+  def _gpu_free(self, mem: HCQBuffer):
+    self.iface.free(mem.meta)
+
+  def _ensure_stack_size(self, sz):
+    # graphs bound earlier still point at the old stack: it goes through free(), which waits for their pins and fences
+    if not hasattr(self, "_stack"):
+      self._stack = self._gpu_alloc(sz)
+    elif self._stack.size < sz:
+      old, self._stack = self._stack, self._gpu_alloc(sz)
+      self._gpu_free(old)
+
+  def synchronize(self, timeout: int | None = None):
+    try:
+      super().synchronize(timeout)
+    except (MSMFault, MSMTimeout):
+      self.error_state = None   # reported once: the interface completed the lost signal writes (or the fence may still retire)
+      raise
+
+  def _at_profile_finalize(self):
+    HCQCompiled._at_profile_finalize(self)

@@ -1,0 +1,174 @@
+"""A GPU timeline model of the a630 under mainline msm: one ring, no preemption, drm_sched ordering by priority.
+
+Cost model (figures from docs/anchors.md §2-4):
+  dispatch_us = DISPATCH_OVERHEAD_US + max(flops / (PEAK_FLOPS * EFFICIENCY), bytes / (DRAM_BYTES_PER_S * BW_EFFICIENCY))
+  - PEAK_FLOPS 345.6 GFLOPS: measured fp16/fp32 MAD peak with the 64-thread waves tinygrad's QCOM queue uses (THREAD64).
+  - DRAM 29.9 GB/s (LPDDR4X-3733, 4x16 bit), shared with CPU/camera/display: taken at 50 %.
+  - EFFICIENCY 0.37 and 5 us per dispatch (CP_WAIT_FOR_IDLE + flush + state load around every CP_EXEC_CS) make the 0.11
+    driving_vision program (1.62 GFLOP, ~885 launches) come out at the 17 ms tinygrad's CI asserts on a comma device.
+  - Each GEM_SUBMIT adds SUBMIT_OVERHEAD_US on the GPU (kernel-inserted IB + fence write); after a retire the CPU needs
+    CPU_WAKE_US to notice and push the next chunk (WAIT_FENCE wake-up + our submit path).
+The compositor is a client submitting one COMPOSITOR_US job per vsync at a higher priority; a vsync is missed when its job
+has not finished by the next vsync. drm_sched pushes a job into the ring as soon as the ring has a free slot
+(num_hw_submissions = 8), highest priority first; the ring itself runs in order.
+"""
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass
+from typing import Any
+
+PEAK_FLOPS = 345.6e9
+EFFICIENCY = 0.37
+DRAM_BYTES_PER_S = 29.9e9
+BW_EFFICIENCY = 0.5
+DISPATCH_OVERHEAD_US = 5.0
+SUBMIT_OVERHEAD_US = 20.0
+CPU_WAKE_US = 60.0
+RING_SLOTS = 8
+VSYNC_US = 1e6 / 60
+COMPOSITOR_US = 5000.0
+COMPOSITOR_PRIO = 0
+MODEL_PERIOD_US = 50_000.0
+
+
+def dispatch_us(flops: float, nbytes: float) -> float:
+  return DISPATCH_OVERHEAD_US + max(flops / (PEAK_FLOPS * EFFICIENCY), nbytes / (DRAM_BYTES_PER_S * BW_EFFICIENCY)) * 1e6
+
+
+def full_size_program(n_kernels: int = 885, gflop: float = 1.69, weight_mb: float = 60.0, act_mb: float = 60.0, seed: int = 0) -> list[float]:
+  """Per-dispatch durations (us) of a model the size of openpilot's vision+policy (anchors §3): n_kernels launches whose FLOPs and
+  bytes are spread log-normally (a few big convolutions, many small elementwise kernels)."""
+  rng = random.Random(seed)
+  w = [rng.lognormvariate(0, 1.5) for _ in range(n_kernels)]
+  b = [rng.lognormvariate(0, 1.0) for _ in range(n_kernels)]
+  sw, sb = sum(w), sum(b)
+  return [dispatch_us(gflop * 1e9 * x / sw, (weight_mb + act_mb) * 1e6 * y / sb) for x, y in zip(w, b)]
+
+
+@dataclass(frozen=True)
+class Policy:
+  name: str
+  prio: int            # submitqueue priority of the model (0 highest)
+  chunk_kernels: int   # 0: one submit per graph
+  inflight: int
+
+
+@dataclass(frozen=True)
+class Result:
+  policy: Policy
+  seconds: float
+  vsync_misses: int
+  model_frames: int
+  model_p50_ms: float
+  model_max_ms: float
+  compositor_wait_max_ms: float
+
+  @property
+  def misses_per_s(self) -> float:
+    return self.vsync_misses / self.seconds
+
+
+def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, compositor_us: float = COMPOSITOR_US, seed: int = 0,
+             phase_us: float = 0.0) -> Result:
+  """Runs the model at 20 Hz beside the compositor at 60 Hz. Camera and display clocks are independent: phase_us sets where camera
+  frames land relative to vsync; frames jitter by +-1 ms and compositor jobs by +-20 % (seeded)."""
+  rng = random.Random(seed)
+  step = policy.chunk_kernels if policy.chunk_kernels > 0 else len(program_us)
+  chunks = [program_us[i:i + step] for i in range(0, len(program_us), step)]
+  chunk_us = [SUBMIT_OVERHEAD_US + sum(c) for c in chunks]
+  end_t = seconds * 1e6
+  events: list[tuple[float, int, str, object]] = []
+  seq = 0
+
+  def at(t, kind, data=None):
+    nonlocal seq
+    heapq.heappush(events, (t, seq, kind, data))
+    seq += 1
+
+  waiting: list[tuple[int, int, tuple]] = []   # drm_sched: (prio, arrival order, job)
+  ring: list[tuple] = []
+  gpu_busy = False
+  model: dict[str, Any] = {"next_chunk": 0, "inflight": 0, "start": None, "queued": 0}
+  latencies, comp_waits = [], []
+  misses = 0
+
+  def push_ready(t):
+    nonlocal gpu_busy
+    while waiting and len(ring) < RING_SLOTS:
+      ring.append(heapq.heappop(waiting)[2])
+    if not gpu_busy and ring:
+      job = ring[0]
+      gpu_busy = True
+      if job[0] == "comp":
+        comp_waits.append(t - job[2])
+      at(t + job[1], "gpu_done")
+
+  def submit(t, job, prio):
+    nonlocal seq
+    heapq.heappush(waiting, (prio, seq, job))
+    seq += 1
+    push_ready(t)
+
+  def model_pump(t):
+    while model["start"] is not None and model["next_chunk"] < len(chunks) and model["inflight"] < policy.inflight:
+      i = model["next_chunk"]
+      model["next_chunk"] += 1
+      model["inflight"] += 1
+      submit(t, ("model", chunk_us[i], t, i == len(chunks) - 1), policy.prio)
+
+  def model_frame(t):
+    if model["start"] is not None:   # still running the last frame: this camera frame waits
+      model["queued"] += 1
+      return
+    model.update(start=t, next_chunk=0)
+    model_pump(t)
+
+  k = 0
+  while k * MODEL_PERIOD_US < end_t:
+    # a camera frame arrives; 3 ms of CPU preprocessing before the first submit
+    at(k * MODEL_PERIOD_US + phase_us + 3000.0 + rng.uniform(-1000, 1000), "frame")
+    k += 1
+  k = 0
+  while k * VSYNC_US < end_t:
+    at(k * VSYNC_US + 1000.0, "comp", k * VSYNC_US + VSYNC_US)   # the UI submits ~1 ms after vsync; due at the next one
+    k += 1
+  while events:
+    t, _, kind, data = heapq.heappop(events)
+    if kind == "frame":
+      model_frame(t)
+    elif kind == "comp":
+      submit(t, ("comp", compositor_us, t, data), COMPOSITOR_PRIO)
+    elif kind == "gpu_done":
+      job = ring.pop(0)
+      gpu_busy = False
+      if job[0] == "comp" and t > job[3]:
+        misses += 1
+      if job[0] == "model":
+        at(t + CPU_WAKE_US, "model_retired", job[3])
+      push_ready(t)
+    elif kind == "model_retired":
+      model["inflight"] -= 1
+      if data:
+        latencies.append(t - model["start"])
+        model["start"] = None
+        if model["queued"]:
+          model["queued"] -= 1
+          model_frame(t)
+      model_pump(t)
+  latencies.sort()
+  return Result(policy, seconds, misses, len(latencies), latencies[len(latencies) // 2] / 1e3 if latencies else 0.0,
+                latencies[-1] / 1e3 if latencies else 0.0, max(comp_waits) / 1e3 if comp_waits else 0.0)
+
+
+def sweep(program_us: list[float], policy: Policy, seconds: float = 20.0, phases: int = 10) -> Result:
+  """simulate() averaged over camera/vsync phases spread across one vsync period (the clocks drift against each other)."""
+  rs = [simulate(program_us, policy, seconds, seed=i, phase_us=VSYNC_US * i / phases) for i in range(phases)]
+  lat = sorted(r.model_p50_ms for r in rs)
+  return Result(policy, seconds * phases, sum(r.vsync_misses for r in rs), sum(r.model_frames for r in rs), lat[len(lat) // 2],
+                max(r.model_max_ms for r in rs), max(r.compositor_wait_max_ms for r in rs))
+
+
+DEFAULTS = Policy("ours: lowest prio, 64-kernel chunks, 2 in flight", 2, 64, 2)
+STOCK = Policy("prio 0, one submit per graph (PR #17224)", 0, 0, 1)
