@@ -94,7 +94,7 @@ class Settings:
     prio = env("MSM_PRIORITY", priorities - 1)   # lowest by default: a lower number is a higher priority
     if not 0 <= prio < priorities:
       raise RuntimeError(f"MSM_PRIORITY={prio} is out of range: this GPU has priorities 0..{priorities - 1}")
-    s = Settings(prio, env("MSM_CHUNK_KERNELS", 64), env("MSM_INFLIGHT", 2), env("MSM_WAIT_SLICE_MS", 10),
+    s = Settings(prio, env("MSM_CHUNK_KERNELS", 16), env("MSM_INFLIGHT", 1), env("MSM_WAIT_SLICE_MS", 10),
                  env("MSM_WAIT_TIMEOUT_MS", env("HCQDEV_WAIT_TIMEOUT_MS", 30000)))
     if s.chunk_kernels < 0 or s.inflight < 1:
       raise RuntimeError("MSM_CHUNK_KERNELS must be >= 0 (0: no chunking) and MSM_INFLIGHT >= 1")

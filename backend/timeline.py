@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 PEAK_FLOPS = 345.6e9
@@ -64,10 +64,15 @@ class Result:
   model_p50_ms: float
   model_max_ms: float
   compositor_wait_max_ms: float
+  latencies_ms: tuple[float, ...] = field(default=(), repr=False)   # every model frame's latency, sorted (pooled by sweep)
 
   @property
   def misses_per_s(self) -> float:
     return self.vsync_misses / self.seconds
+
+  @property
+  def model_p99_ms(self) -> float:
+    return self.latencies_ms[min(len(self.latencies_ms) - 1, int(0.99 * len(self.latencies_ms)))] if self.latencies_ms else 0.0
 
 
 def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, compositor_us: float = COMPOSITOR_US, seed: int = 0,
@@ -159,7 +164,7 @@ def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, com
       model_pump(t)
   latencies.sort()
   return Result(policy, seconds, misses, len(latencies), latencies[len(latencies) // 2] / 1e3 if latencies else 0.0,
-                latencies[-1] / 1e3 if latencies else 0.0, max(comp_waits) / 1e3 if comp_waits else 0.0)
+                latencies[-1] / 1e3 if latencies else 0.0, max(comp_waits) / 1e3 if comp_waits else 0.0, tuple(x / 1e3 for x in latencies))
 
 
 def sweep(program_us: list[float], policy: Policy, seconds: float = 20.0, phases: int = 10) -> Result:
@@ -167,7 +172,7 @@ def sweep(program_us: list[float], policy: Policy, seconds: float = 20.0, phases
   rs = [simulate(program_us, policy, seconds, seed=i, phase_us=VSYNC_US * i / phases) for i in range(phases)]
   lat = sorted(r.model_p50_ms for r in rs)
   return Result(policy, seconds * phases, sum(r.vsync_misses for r in rs), sum(r.model_frames for r in rs), lat[len(lat) // 2],
-                max(r.model_max_ms for r in rs), max(r.compositor_wait_max_ms for r in rs))
+                max(r.model_max_ms for r in rs), max(r.compositor_wait_max_ms for r in rs), tuple(sorted(x for r in rs for x in r.latencies_ms)))
 
 
 DEFAULTS = Policy("ours: lowest prio, 64-kernel chunks, 2 in flight", 2, 64, 2)

@@ -2,7 +2,10 @@
 """Submit-path CPU cost of a big TinyJit graph on MSM (emulated node), against a KGSL-style single prebuilt submission of the
 same graph, plus the compositor vsync-miss table from the a630 timeline model.
 
-  .venv/bin/python bench/bench_submit.py [--layers 96] [--frames 30]
+  .venv/bin/python bench/bench_submit.py [--layers 96] [--frames 30] [--artifact QCOM_ARTIFACT]
+
+With --artifact (a `modeld-msm compile --device QCOM` output, e.g. of `modeld-msm models --size full`), the same configurations are
+first measured on that real program, one process per configuration, each frame a full modeld step.
 
 The emulated node stands in for the kernel: its GEM_SUBMIT validation is Python, so it is reported apart ("emu kernel"); the
 "userspace" column is what runs in this process on the car (symbol patching, BO-table rebuild, scheduling, ioctl marshalling).
@@ -70,15 +73,9 @@ def build(dev, layers: int):
   return f
 
 
-def run_config(index: int, name: str, layers: int, frames: int, kgsl_style: bool = False, **env) -> dict:
-  dev = open_device(index, **env)
+def measure(dev, step, frames: int, kgsl_style: bool = False) -> dict:
+  """Runs step(i) + synchronize for each frame with the submit path instrumented; medians per frame."""
   it, node = dev.iface, dev.iface.node
-  f = build(dev, layers)
-  inputs = [Tensor.randn(1, 16, 32, 32, device=dev.device).realize() for _ in range(2)]
-  for i in range(3):
-    f(inputs[i % 2]).realize()   # capture
-  dev.synchronize()
-
   userspace, emu_kernel = Clock(), Clock()
   sub_h = node._handlers[u.DRM_IOCTL_MSM_GEM_SUBMIT]
   node._handlers[u.DRM_IOCTL_MSM_GEM_SUBMIT] = emu_kernel.wrap(sub_h)
@@ -100,13 +97,14 @@ def run_config(index: int, name: str, layers: int, frames: int, kgsl_style: bool
       j.fence = 0
       it.enqueue(j)
     qcom.MSMComputeQueue._submit = single
+  strict = node.strict
   node.strict = not kgsl_style   # a table-less submit only "works by luck", like the kernel without strict checks
-  s0, b0, d0 = it.stats["submits"], it.stats["bos"], node.stats.dispatches
+  s0, b0, d0, f0 = it.stats["submits"], it.stats["bos"], node.stats.dispatches, len(node.stats.faults)
   user, emu = [], []
   try:
     for i in range(frames):
       u0, e0 = userspace.total, emu_kernel.total
-      f(inputs[i % 2])
+      step(i)
       dev.synchronize()
       user.append((userspace.total - u0) - (emu_kernel.total - e0))
       emu.append(emu_kernel.total - e0)
@@ -114,33 +112,99 @@ def run_config(index: int, name: str, layers: int, frames: int, kgsl_style: bool
     for (cls, attr), fn in saved.items():
       setattr(cls, attr, fn)
     node._handlers[u.DRM_IOCTL_MSM_GEM_SUBMIT] = sub_h
+    node.strict = strict
     if kgsl_style:
       qcom.MSMComputeQueue._submit = real_submit
   subs = it.stats["submits"] - s0
-  return {"name": name, "submits": subs / frames, "bos": (it.stats["bos"] - b0) / max(subs, 1), "kernels": (node.stats.dispatches - d0) / frames,
-          "user_us": sorted(user)[frames // 2] * 1e6, "emu_us": sorted(emu)[frames // 2] * 1e6,
-          "faults": len(node.stats.faults)}
+  return {"submits": subs / frames, "bos": (it.stats["bos"] - b0) / max(subs, 1), "kernels": (node.stats.dispatches - d0) / frames,
+          "user_us": sorted(user)[frames // 2] * 1e6, "emu_us": sorted(emu)[frames // 2] * 1e6, "faults": len(node.stats.faults) - f0}
+
+
+def run_config(index: int, name: str, layers: int, frames: int, kgsl_style: bool = False, **env) -> dict:
+  dev = open_device(index, **env)
+  f = build(dev, layers)
+  inputs = [Tensor.randn(1, 16, 32, 32, device=dev.device).realize() for _ in range(2)]
+  for i in range(3):
+    f(inputs[i % 2]).realize()   # capture
+  dev.synchronize()
+  return {"name": name, **measure(dev, lambda i: f(inputs[i % 2]), frames, kgsl_style)}
+
+
+# *** the real compiled program: each configuration in its own process (settings are read when the device opens) ***
+
+ARTIFACT_CONFIGS = [
+  ("KGSL-style: one prebuilt submit per graph, no BO table", True, {"MSM_CHUNK_KERNELS": 0, "MSM_INFLIGHT": 1}),
+  ("MSM one submit per graph (table rebuilt)", False, {"MSM_CHUNK_KERNELS": 0, "MSM_INFLIGHT": 1}),
+  ("MSM 64-kernel chunks, 2 in flight", False, {"MSM_CHUNK_KERNELS": 64, "MSM_INFLIGHT": 2}),
+  ("MSM defaults: 16-kernel chunks, 1 in flight", False, {}),
+]
+
+
+def artifact_child(artifact: str, frames: int, kgsl_style: bool) -> dict:
+  """One full modeld step per frame (host inputs in, outputs read back and parsed), as ModelState runs it on the car."""
+  import numpy as np
+
+  from modeld_msm.model_state import ModelState
+  ms = ModelState(artifact)
+  dev = Device[ms.device]
+  bufs = [np.random.default_rng(i).integers(0, 256, ms.nv12.size, dtype=np.uint8) for i in range(3)]
+  eye, tc = np.eye(3, dtype=np.float32), np.array([[1, 0]], np.float32)
+
+  def step(i):
+    ms.run(bufs[i % 3], bufs[(i + 1) % 3], eye, eye, np.zeros(8, np.float32), tc, False)
+  for i in range(3):
+    step(i)   # binds the graphs
+  return measure(dev, step, frames, kgsl_style)
+
+
+def run_artifact(artifact: str, frames: int) -> list[dict]:
+  import json
+  import subprocess
+  rows = []
+  for name, kgsl_style, env in ARTIFACT_CONFIGS:
+    e = {**{k: v for k, v in os.environ.items() if not k.startswith("MSM_")}, "MODELD_DEV": "EMU+QCOM:IR3", **{k: str(v) for k, v in env.items()}}
+    cmd = [sys.executable, __file__, "--artifact", artifact, "--frames", str(frames), "--child"] + (["--kgsl-style"] if kgsl_style else [])
+    r = subprocess.run(cmd, env=e, capture_output=True, text=True)
+    if r.returncode:
+      raise SystemExit(f"{name}: {r.stderr[-2000:]}")
+    rows.append({"name": name, **json.loads(r.stdout.strip().splitlines()[-1])})
+  return rows
+
+
+def print_rows(rows: list[dict], title: str) -> None:
+  peer = rows[0]["user_us"]
+  print(title)
+  print(f"{'configuration':<54} {'submits/frame':>13} {'BOs/submit':>10} {'userspace us':>13} {'x KGSL-style':>12} {'emu kernel us':>14} "
+        f"{'faults':>6}")
+  for r in rows:
+    print(f"{r['name']:<54} {r['submits']:>13.1f} {r['bos']:>10.1f} {r['user_us']:>13.0f} {r['user_us'] / peer:>12.2f} {r['emu_us']:>14.0f} "
+          f"{r['faults']:>6}")
 
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--layers", type=int, default=96, help="conv+relu layers in the program (default 96)")
   ap.add_argument("--frames", type=int, default=60)
+  ap.add_argument("--artifact", help="also measure this QCOM artifact's real program (modeld-msm compile --device QCOM)")
+  ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  ap.add_argument("--kgsl-style", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.child:
+    import json
+    print(json.dumps(artifact_child(args.artifact, args.frames, args.kgsl_style)))
+    return 0
+  if args.artifact:
+    rows = run_artifact(args.artifact, args.frames)
+    print_rows(rows, f"\nSubmit path per frame (median of {args.frames}), real program of {args.artifact} ({rows[0]['kernels']:.0f} kernels/frame), "
+               "emulated node, full modeld step (host inputs in, outputs read back), 3 camera buffers rotating")
 
   rows = [run_config(1, "KGSL-style: one prebuilt submit, no BO table", args.layers, args.frames, kgsl_style=True, MSM_CHUNK_KERNELS=0,
                      MSM_INFLIGHT=1),
           run_config(2, "MSM one submit per graph (table rebuilt)", args.layers, args.frames, MSM_CHUNK_KERNELS=0, MSM_INFLIGHT=1),
-          run_config(3, "MSM defaults: 64-kernel chunks, 2 in flight", args.layers, args.frames, MSM_CHUNK_KERNELS=64, MSM_INFLIGHT=2),
-          run_config(4, "MSM 16-kernel chunks, 1 in flight", args.layers, args.frames, MSM_CHUNK_KERNELS=16, MSM_INFLIGHT=1)]
-  peer = rows[0]["user_us"]
-  print(f"\nSubmit path per frame (median of {args.frames}), {args.layers}-layer conv stack ({rows[0]['kernels']:.0f} kernels/frame), "
-        "emulated node, inputs alternate between two buffers")
-  print(f"{'configuration':<46} {'submits/frame':>13} {'BOs/submit':>10} {'userspace us':>13} {'x KGSL-style':>12} {'emu kernel us':>14} "
-        f"{'faults':>6}")
-  for r in rows:
-    print(f"{r['name']:<46} {r['submits']:>13.1f} {r['bos']:>10.1f} {r['user_us']:>13.0f} {r['user_us'] / peer:>12.2f} {r['emu_us']:>14.0f} "
-          f"{r['faults']:>6}")
+          run_config(3, "MSM 64-kernel chunks, 2 in flight", args.layers, args.frames, MSM_CHUNK_KERNELS=64, MSM_INFLIGHT=2),
+          run_config(4, "MSM defaults: 16-kernel chunks, 1 in flight", args.layers, args.frames, MSM_CHUNK_KERNELS=16, MSM_INFLIGHT=1)]
+  print_rows(rows, f"\nSubmit path per frame (median of {args.frames}), {args.layers}-layer conv stack ({rows[0]['kernels']:.0f} kernels/frame), "
+             "emulated node, inputs alternate between two buffers")
 
   prog = tl.full_size_program()
   policies = [tl.STOCK, tl.DEFAULTS, tl.Policy("lowest prio, one submit per graph", 2, 0, 1),

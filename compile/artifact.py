@@ -5,6 +5,7 @@ A pickle is code, so nothing is unpickled until the manifest, the versions and t
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -172,12 +173,48 @@ def activate_target(art: VerifiedArtifact) -> None:
 def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:
   """Unpickle the (policy, warp) TinyJits of an already verified artifact."""
   activate_target(art)
-  return _load_checked(art, POLICY_PKL), _load_checked(art, WARP_PKL)
+  return unpickle_programs(_read_checked(art, POLICY_PKL), _read_checked(art, WARP_PKL))
 
 
-def _load_checked(art: VerifiedArtifact, name: str) -> Any:
+def _read_checked(art: VerifiedArtifact, name: str) -> bytes:
   # hash the exact bytes we unpickle, so a file swapped after verify_artifact is still refused
   data = (art.path / name).read_bytes()
   if hashlib.sha256(data).hexdigest() != art.digests[name]:
     raise ArtifactError(f"artifact {art.path}: {name} changed after verification; {REBUILD_HINT}")
-  return pickle.loads(data)  # noqa: S301
+  return data
+
+
+def unpickle_programs(*blobs: bytes) -> tuple[Any, ...]:
+  """Unpickle JITs pickled by one compile process, giving their buffers fresh identities in this process.
+
+  tinygrad names a device buffer by a per-process counter (BUFFER uop `ParamArg.slot`) and deduplicates uops by value,
+  so an unpickled buffer named like a live one *is* that one (tinygrad issue #15682): a JIT loaded after other tensors
+  exist, or tensors made after loading, silently share memory with the JIT's queues and weights. Every buffer slot is
+  renamed to a new counter value; one table serves all blobs so the queues shared by the policy and warp JITs stay shared.
+  """
+  fresh: dict[tuple, int] = {}
+  return tuple(_FreshBufferUnpickler(io.BytesIO(b), fresh).load() for b in blobs)
+
+
+class _FreshBufferUnpickler(pickle.Unpickler):
+  def __init__(self, f, fresh: dict[tuple, int]):
+    super().__init__(f)
+    self.fresh = fresh
+
+  def find_class(self, module: str, name: str) -> Any:
+    cls = super().find_class(module, name)
+    from tinygrad.uop.ops import UOp
+    if cls is not UOp:
+      return cls
+    from dataclasses import replace
+
+    from tinygrad.uop.ops import Ops
+
+    def make_uop(op, dtype=None, src=(), arg=None, tag=None, metadata=None, _buffer=None):
+      if op is Ops.BUFFER and arg is not None and hasattr(arg, "slot") and getattr(arg, "device", None) is not None:
+        key = (arg.slot, arg.device, arg.dtype)
+        if key not in self.fresh:
+          self.fresh[key] = next(UOp.unique_num)
+        arg = replace(arg, slot=self.fresh[key])
+      return UOp(op, dtype, src, arg, tag, metadata, _buffer)
+    return make_uop

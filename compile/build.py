@@ -5,12 +5,16 @@ Validation before anything is written:
   2. the fused program, jitted, equals the unjitted program exactly — outputs and every device queue — over a sequence
      of seeded steps that mixes full steps with warp-only (dropped-frame) steps and rotates frame buffers like VisionIPC;
   3. the pickled JITs, loaded back, reproduce the first step exactly and react to different inputs.
+QCOM is captured on the emulated render node under openpilot's QCOM flags (TARGET_FLAGS, recorded as metadata "flags"). The
+emulator runs no shaders, so 1 and 2 are left to the CPU artifact; 3 becomes: the reloaded pickles replay the whole step plan
+through the MSM submit path with strict BO validation and no GPU fault.
 """
 from __future__ import annotations
 
 import os
 import pickle
 import platform
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +39,10 @@ TARGETS = {
   "CPU:LLVM": ("CPU:LLVM", "CPU:LLVM"),
   "QCOM": ("EMU+QCOM:IR3", "QCOM:IR3"),
 }
+# tinygrad flags the capture runs under, per device (openpilot's release build, docs contract §12): fp16 image convolutions,
+# no local memory, and the whole step as one graph (JIT_BATCH_SIZE=0 lifts the batch limit)
+QCOM_FLAGS = {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "IMAGE": 2}
+TARGET_FLAGS: dict[str, dict[str, int]] = {"QCOM": QCOM_FLAGS}
 
 
 @dataclass
@@ -141,51 +149,59 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     import backend
     backend.install()
   from tinygrad import Device
-  from tinygrad.helpers import DEV
+  from tinygrad.helpers import DEV, Context
   DEV.value = capture_target
   dev_name = Device.DEFAULT
-  from compile.program import DrivingProgram, HostInputs
-  nv = nv12_info(*camera)
-  log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target}")
-  prog = DrivingProgram(vinfo, pinfo, nv, dev_name)
-  report.timings["load"] = time.perf_counter() - t0
-  numerics = device != "QCOM"  # the emulated render node (level A) does not execute shaders
-  rng = np.random.default_rng(42)
-  if numerics:
+  flags = TARGET_FLAGS.get(device, {})
+  if flags:
+    log(f"[compile] capture flags: {' '.join(f'{k}={v}' for k, v in flags.items())}")
+  # the device opens inside the flags too: QCOM's renderer arch depends on IMAGE
+  with Context(**flags):
+    from compile.program import DrivingProgram, HostInputs
+    nv = nv12_info(*camera)
+    log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target}")
+    prog = DrivingProgram(vinfo, pinfo, nv, dev_name)
+    report.timings["load"] = time.perf_counter() - t0
+    numerics = device != "QCOM"  # the emulated render node (level A) does not execute shaders
+    rng = np.random.default_rng(42)
+    if numerics:
+      t = time.perf_counter()
+      log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
+      _ort_check(vinfo, prog.vision, rng, report)
+      _ort_check(pinfo, prog.policy, rng, report)
+      report.timings["onnxruntime check"] = time.perf_counter() - t
+
     t = time.perf_counter()
-    log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
-    _ort_check(vinfo, prog.vision, rng, report)
-    _ort_check(pinfo, prog.policy, rng, report)
-    report.timings["onnxruntime check"] = time.perf_counter() - t
+    log(f"[compile] 2/3 capturing the JIT and checking it against the unjitted program ({len(STEP_PLAN)} steps: {STEP_PLAN})")
+    host = HostInputs.zeros()
+    host_np = {k: getattr(host, k) for k in ("desire", "traffic_convention", "tfm", "big_tfm")}
+    host_t = host.tensors()
+    steps = _Steps(nv, dev_name, 42)
+    ref = _run_sequence(prog.run_policy, prog.run_warp, steps, host_np, host_t, prog.queues())
+    prog.reset_queues()
+    policy_jit, warp_jit = prog.jits()
+    got = _run_sequence(policy_jit, warp_jit, steps, host_np, host_t, prog.queues())
+    if numerics:
+      for i, (r, g) in enumerate(zip(ref, got)):
+        for k in r:
+          if not np.array_equal(r[k], g[k]):
+            raise UserError(f"internal error: jitted program differs from unjitted at step {i} ({STEP_PLAN[i]}) in {k}; please report it")
+        if "policy" in r and not (np.isfinite(r["vision"]).all() and np.isfinite(r["policy"]).all()):
+          raise UserError(f"the models produce non-finite outputs at step {i}; check the model files")
+      report.checks.append(("jit == unjitted", "ok", f"outputs and 4 queues bit-exact over {len(STEP_PLAN)} steps, rotating buffers"))
+    else:
+      report.checks.append(("jit == unjitted", "skip", "emulated render node runs no shaders; validated on the CPU artifact"))
+    report.timings["jit check"] = time.perf_counter() - t
 
-  t = time.perf_counter()
-  log(f"[compile] 2/3 capturing the JIT and checking it against the unjitted program ({len(STEP_PLAN)} steps: {STEP_PLAN})")
-  host = HostInputs.zeros()
-  host_np = {k: getattr(host, k) for k in ("desire", "traffic_convention", "tfm", "big_tfm")}
-  host_t = host.tensors()
-  steps = _Steps(nv, dev_name, 42)
-  ref = _run_sequence(prog.run_policy, prog.run_warp, steps, host_np, host_t, prog.queues())
-  prog.reset_queues()
-  policy_jit, warp_jit = prog.jits()
-  got = _run_sequence(policy_jit, warp_jit, steps, host_np, host_t, prog.queues())
+    t = time.perf_counter()
+    log("[compile] 3/3 pickling and checking the reloaded program")
+    prog.reset_queues()
+    policy_pkl, warp_pkl = pickle.dumps(policy_jit), pickle.dumps(warp_jit)
+  # outside the capture flags, like the runtime's load
   if numerics:
-    for i, (r, g) in enumerate(zip(ref, got)):
-      for k in r:
-        if not np.array_equal(r[k], g[k]):
-          raise UserError(f"internal error: jitted program differs from unjitted at step {i} ({STEP_PLAN[i]}) in {k}; please report it")
-      if "policy" in r and not (np.isfinite(r["vision"]).all() and np.isfinite(r["policy"]).all()):
-        raise UserError(f"the models produce non-finite outputs at step {i}; check the model files")
-    report.checks.append(("jit == unjitted", "ok", f"outputs and 4 queues bit-exact over {len(STEP_PLAN)} steps, rotating buffers"))
+    _check_reload(policy_pkl, warp_pkl, steps, host_np, host_t, ref, report)
   else:
-    report.checks.append(("jit == unjitted", "skip", "emulated render node runs no shaders; validated on the CPU artifact"))
-  report.timings["jit check"] = time.perf_counter() - t
-
-  t = time.perf_counter()
-  log("[compile] 3/3 pickling and checking the reloaded program")
-  prog.reset_queues()
-  policy_pkl, warp_pkl = pickle.dumps(policy_jit), pickle.dumps(warp_jit)
-  if numerics:
-    _check_reload(policy_pkl, steps, host_np, host_t, ref[0], report)
+    _check_replay(policy_pkl, warp_pkl, steps, host_np, host_t, dev_name, report)
   report.timings["pickle check"] = time.perf_counter() - t
 
   versions = art_mod.installed_versions()
@@ -204,6 +220,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
                         "output_shapes": {k: list(v) for k, v in i.output_shapes.items()},
                         "output_slices": {k: [s.start, s.stop] for k, s in i.output_slices.items()}, "metadata": i.metadata}
                for i in (vinfo, pinfo)},
+    "flags": dict(flags),
     "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, "step_plan": STEP_PLAN},
   }
   art_mod.write_artifact(out_dir, {art_mod.POLICY_PKL: policy_pkl, art_mod.WARP_PKL: warp_pkl}, meta)
@@ -212,17 +229,43 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   return report
 
 
-def _check_reload(policy_pkl: bytes, steps: _Steps, host_np, host_t, first: dict[str, np.ndarray], report: CompileReport) -> None:
-  loaded = pickle.loads(policy_pkl)  # noqa: S301 - bytes we produced a moment ago in this process
-  a = steps.args(0, host_np, host_t)
-  v, p = loaded(*a)
-  if not (np.array_equal(v.numpy(), first["vision"]) and np.array_equal(p.numpy(), first["policy"])):
-    raise UserError("internal error: the reloaded pickle does not reproduce the first step; please report it")
-  a = steps.args(1, host_np, host_t)
-  v2, _ = loaded(*a)
-  if np.array_equal(v2.numpy(), first["vision"]):
+def _check_reload(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, host_t, ref: list[dict[str, np.ndarray]],
+                  report: CompileReport) -> None:
+  # the runtime's loader gives the loaded JITs buffers of their own (queues zero, as pickled), so the whole plan replays
+  policy, warp = art_mod.unpickle_programs(policy_pkl, warp_pkl)
+  got = _run_sequence(policy, warp, steps, host_np, host_t, {})
+  for i, (r, g) in enumerate(zip(ref, got)):
+    if "policy" in r and not (np.array_equal(r["vision"], g["vision"]) and np.array_equal(r["policy"], g["policy"])):
+      raise UserError(f"internal error: the reloaded programs differ from the unjitted one at step {i} ({STEP_PLAN[i]}); please report it")
+  if np.array_equal(got[0]["vision"], got[1]["vision"]):
     raise UserError("internal error: the reloaded program ignores its inputs; please report it")
-  report.checks.append(("pickle reload", "ok", "first step bit-exact, different inputs give different outputs"))
+  report.checks.append(("pickle reload", "ok", f"policy + warp JITs reloaded: outputs bit-exact over {len(STEP_PLAN)} steps"))
+
+
+def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, host_t, dev_name: str, report: CompileReport) -> None:
+  """QCOM: the emulator computes nothing, so no numbers to compare; what can be proven is that the pickles, loaded back,
+  replay through the MSM submit path with every submit passing the node's (strict) BO validation and no GPU fault."""
+  from tinygrad import Device
+
+  from backend.msm import MSMFault, MSMTimeout
+  dev = Device[dev_name]
+  node = getattr(dev.iface, "node", None)
+  if node is None:
+    raise UserError(f"internal error: QCOM capture ran on {type(dev.iface).__name__}, not the emulated render node; please report it")
+  subs0, disp0, faults0 = node.stats.submits, node.stats.dispatches, len(node.stats.faults)
+  try:
+    policy, warp = art_mod.unpickle_programs(policy_pkl, warp_pkl)
+    _run_sequence(policy, warp, steps, host_np, host_t, {})
+    dev.synchronize()
+  except (MSMFault, MSMTimeout, OSError) as e:
+    raise UserError(f"internal error: the reloaded QCOM program does not replay on the emulated render node: {e}; please report it") from None
+  subs, disp, faults = node.stats.submits - subs0, node.stats.dispatches - disp0, node.stats.faults[faults0:]
+  if faults:
+    raise UserError(f"internal error: the reloaded QCOM program faulted on the emulated render node: {faults[0]}; please report it")
+  if not subs or not disp:
+    raise UserError("internal error: the reloaded QCOM program submitted no GPU work; please report it")
+  report.checks.append(("pickle replay (EMU)", "ok", f"reloaded JITs replayed {len(STEP_PLAN)} steps: {subs} submits, {disp} dispatches, "
+                        f"{'strict' if node.strict else 'NON-strict'} BO validation, 0 faults (no numerics: level A)"))
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -230,7 +273,12 @@ def _check_out_dir(out_dir: Path) -> None:
   probe = parent
   while not probe.exists():
     probe = probe.parent
-  if not os.access(probe, os.W_OK):
-    raise UserError(f"output directory {out_dir} is not writable (no write permission on {probe}); choose another -o")
+  if not probe.is_dir():
+    raise UserError(f"output directory {out_dir} cannot be created: {probe} is a file; choose another -o")
+  # os.access says yes to root everywhere (even /proc), so try for real before the minutes of compiling
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".modeld-msm-probe-", dir=probe))
+  except OSError as e:
+    raise UserError(f"output directory {out_dir} is not writable ({e.strerror} in {probe}); choose another -o") from None
   if out_dir.exists() and not out_dir.is_dir():
     raise UserError(f"output path {out_dir} exists and is not a directory")

@@ -21,6 +21,7 @@ class ModelState:
     self.policy_jit, self.warp_jit = load_programs(self.artifact)
     from tinygrad import Device
     self.device = Device.DEFAULT
+    self.zero_copy = self.device.split(":")[0] == "CPU"
     self.nv12 = nv12_info(*self.artifact.camera)
     self.vision_slices = self.artifact.output_slices("vision")
     self.policy_slices = self.artifact.output_slices("policy")
@@ -33,14 +34,22 @@ class ModelState:
     self._zero = zero  # the tensor below points into it
     self._call(self.warp_jit, self._frame("main", zero), self._frame("extra", zero))  # like openpilot: warm the warp once
 
-  def _frame(self, key: str, buf: np.ndarray):
-    # VisionIPC reuses a ring of buffers, so a tensor per (camera, buffer address) is made once and reused
+  def _frame(self, key: str, buf: np.ndarray, upload: bool = False):
+    """The device tensor for a camera buffer. On CPU it aliases the buffer (zero-copy); on a GPU without host-pointer
+    mapping (QCOM over msm has no userptr) it is a device copy, refreshed when `upload` is set (every step)."""
     if buf.dtype != np.uint8 or buf.size < self.nv12.size:
       raise ValueError(f"camera buffer of {buf.size} bytes ({buf.dtype}) is smaller than the {self.nv12.size}-byte NV12 frame")
+    # VisionIPC reuses a ring of buffers, so a tensor per (camera, buffer address) is made once and reused
     k = (key, buf.ctypes.data)
+    src = buf[:self.nv12.size]
     if (t := self._frames.get(k)) is None:
       from compile.build import frame_tensor
-      t = self._frames[k] = frame_tensor(buf[:self.nv12.size], self.device)
+      t = self._frames[k] = frame_tensor(src, self.device).realize()
+    elif upload and not self.zero_copy:
+      from tinygrad.device import Buffer
+      dst = t.uop.buffer
+      assert isinstance(dst, Buffer)
+      dst.copy_from(Buffer("PYTHON", dst.size, dst.dtype, opaque=memoryview(src).cast("B")))
     return t
 
   def _call(self, jit, frame, big_frame):
@@ -58,7 +67,7 @@ class ModelState:
     self.host.traffic_convention[:] = traffic_convention
     self.host.tfm[:] = tfm
     self.host.big_tfm[:] = big_tfm
-    frame, big_frame = self._frame("main", buf), self._frame("extra", big_buf)
+    frame, big_frame = self._frame("main", buf, upload=True), self._frame("extra", big_buf, upload=True)
     if prepare_only:
       t0 = time.perf_counter()
       self._call(self.warp_jit, frame, big_frame)

@@ -405,7 +405,7 @@ def test_submit_hang_recovers(fresh):
 
 @emu_only
 def test_gpu_fault_is_named_and_recovered(fresh):
-  dev = fresh()
+  dev = fresh(MSM_INFLIGHT=2)   # so a second job sits in the kernel behind the faulting one
   a = Tensor.ones(256, device=dev.device).contiguous().realize()
   base = _warm(dev, a, lambda t: t + 1, lambda t: t + 2)
   dev.iface.node.inject_gpu_fault("planted SMMU fault at 0xdead000")

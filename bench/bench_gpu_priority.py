@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""GPU sharing on the a630 (one ring, no preemption under msm): the real compiled program's per-frame GPU work at 20 Hz against a
+60 Hz compositor, for our submit policy vs upstream PR #17224's (priority 0, one submit per graph) vs other chunk sizes.
+
+  .venv/bin/python bench/bench_gpu_priority.py [--artifact QCOM_ARTIFACT] [--size full|tiny] [--seconds 20] [--phases 10]
+
+The frame's GPU work is not synthetic: a QCOM artifact is loaded on the emulated render node (MODELD_DEV=EMU+QCOM:IR3) and one full
+step is run; every CP_EXEC_CS the emulator records is matched (by shader address) to the tinygrad kernel it launches and costed with
+that kernel's FLOP and byte estimates by `backend.timeline.dispatch_us`. That list of dispatch times is then scheduled against the
+compositor by `backend.timeline.simulate`, averaged over camera/vsync phases. Without --artifact, the reference models of --size are
+written and compiled for QCOM first (full: about a minute or more).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backend import timeline as tl  # noqa: E402
+
+
+def build_artifact(size: str, work: Path) -> Path:
+  """Reference models of `size` compiled for QCOM through the CLI (the same path a release build takes)."""
+  models, art = work / f"models_{size}", work / f"qcom_{size}"
+  cli = [sys.executable, "-m", "modeld_msm.cli"]
+  subprocess.run([*cli, "models", "--size", size, "-o", str(models)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+  t = time.perf_counter()
+  r = subprocess.run([*cli, "compile", "--vision", str(models / "driving_vision.onnx"), "--policy", str(models / "driving_policy.onnx"),
+                      "--device", "QCOM", "-o", str(art)], cwd=ROOT, capture_output=True, text=True)
+  if r.returncode:
+    raise SystemExit(f"compile failed:\n{r.stdout}\n{r.stderr}")
+  print(f"compiled the {size} models for QCOM on EMU in {time.perf_counter() - t:.0f} s")
+  return art
+
+
+def frame_dispatches(artifact: Path) -> tuple[list[tuple[str, int, int]], dict]:
+  """[(kernel name, flops, bytes)] for every dispatch of one full step of the artifact, in ring order, plus the device's settings."""
+  os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
+  import numpy as np
+  from tinygrad import Device
+  from tinygrad.engine import realize
+  from tinygrad.uop.ops import Ops, sym_infer
+
+  from modeld_msm.model_state import ModelState
+  ms = ModelState(artifact)
+  dev = Device[ms.device]
+  node = dev.iface.node
+  z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
+  step = (z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32))
+  ms.run(*step, False)   # the first call binds the graphs
+  dev.synchronize()
+  seen: list = []
+  node.on_dispatch = seen.append
+  ms.run(*step, False)
+  dev.synchronize()
+  node.on_dispatch = None
+  kernels = {}
+  for jit in (ms.policy_jit, ms.warp_jit):
+    for u in jit.captured._linear.toposort():
+      if u.op is Ops.PROGRAM and (rt := realize.runtime_cache.get((u.key, ms.device))) is not None:
+        est = u.src[0].arg.estimates
+        kernels[int(rt.lib_gpu.va_addr)] = (u.arg.function_name, int(sym_infer(est.ops, {})), int(sym_infer(est.mem, {})))
+  missing = [d.shader_iova for d in seen if d.shader_iova not in kernels]
+  if missing or not seen:
+    raise SystemExit(f"{len(missing)} of {len(seen)} dispatches could not be matched to a kernel of the artifact")
+  s = dev.iface.settings
+  return [kernels[d.shader_iova] for d in seen], {"prio": s.priority, "chunk": s.chunk_kernels, "inflight": s.inflight}
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--artifact", type=Path, help="a QCOM artifact (modeld-msm compile --device QCOM); default: compile --size")
+  ap.add_argument("--size", choices=("full", "tiny"), default="full", help="reference models to compile when no --artifact (default full)")
+  ap.add_argument("--seconds", type=float, default=20.0, help="simulated seconds per vsync phase (default 20)")
+  ap.add_argument("--phases", type=int, default=10, help="camera/vsync phases averaged (default 10)")
+  args = ap.parse_args()
+
+  with tempfile.TemporaryDirectory(prefix="bench-gpu-prio-") as work:
+    art = args.artifact or build_artifact(args.size, Path(work))
+    disp, ours = frame_dispatches(art)
+  prog = [tl.dispatch_us(f, b) for _, f, b in disp]
+  big = sorted(zip(prog, (n for n, _, _ in disp)), reverse=True)[:3]
+  print(f"\nartifact {art}: one full step = {len(prog)} dispatches recorded by the emulator, {sum(f for _, f, _ in disp) / 1e9:.2f} GFLOP, "
+        f"{sum(b for _, _, b in disp) / 1e6:.0f} MB; a630 timeline cost {sum(prog) / 1e3:.1f} ms alone "
+        f"(largest: {', '.join(f'{n} {us / 1e3:.2f} ms' for us, n in big)})")
+
+  stock = tl.STOCK
+  policies = [stock,
+              tl.Policy(f"ours (defaults): prio {ours['prio']}, {ours['chunk'] or 'one'}-kernel chunks, {ours['inflight']} in flight",
+                        ours["prio"], ours["chunk"], ours["inflight"]),
+              tl.Policy("prio 0, 64-kernel chunks, 2 in flight", 0, 64, 2),
+              tl.Policy("lowest prio, one submit per graph", 2, 0, 1)]
+  policies += [tl.Policy(f"lowest prio, {c}-kernel chunks, {n} in flight", 2, c, n) for c in (8, 16, 32, 128) for n in (1, 2)]
+  print(f"{len(prog)}-dispatch frame at 20 Hz beside a {tl.COMPOSITOR_US / 1e3:.0f} ms compositor job every {tl.VSYNC_US / 1e3:.1f} ms "
+        f"(prio {tl.COMPOSITOR_PRIO}); {args.phases} vsync phases x {args.seconds:.0f} s simulated each\n")
+  print(f"{'model submit policy':<52} {'submits':>7} {'vsync miss/s':>12} {'x stock':>7} {'UI wait max':>11} {'model p50':>9} {'p99':>7} "
+        f"{'max':>7}  (ms)")
+  res = [tl.sweep(prog, p, args.seconds, args.phases) for p in policies]
+  base = res[0].misses_per_s
+  for r in res:
+    p = r.policy
+    n_sub = 1 if p.chunk_kernels == 0 else -(-len(prog) // p.chunk_kernels)
+    lat = r.latencies_ms
+    p50 = lat[len(lat) // 2] if lat else 0.0
+    ratio = "-" if base == 0 else f"{r.misses_per_s / base:.2f}"
+    print(f"{p.name:<52} {n_sub:>7} {r.misses_per_s:>12.2f} {ratio:>7} {r.compositor_wait_max_ms:>11.2f} {p50:>9.2f} {r.model_p99_ms:>7.2f} "
+          f"{r.model_max_ms:>7.2f}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

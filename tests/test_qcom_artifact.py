@@ -1,0 +1,321 @@
+"""The car's artifact: tiny models compiled for QCOM (captured on the emulated render node under openpilot's QCOM flags) and
+served through the real MSM code path, in this process (ModeldCore) and as the modeld process.
+
+Level A computes nothing, so these assert what the device path does (frame ids, submits, BO tables, strict validation,
+GEM lifetimes), not numbers. On a vamOS device run them with MODELD_DEV=MSM+QCOM:IR3 (the `device` ones run unchanged).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from selfdrive_glue import messaging
+from selfdrive_glue.nv12 import nv12_info
+
+pytestmark = pytest.mark.xdist_group("qcom_artifact")
+MODELD_DEV = os.environ.get("MODELD_DEV", "EMU+QCOM:IR3")
+EMU = MODELD_DEV.startswith("EMU")
+emu_only = pytest.mark.skipif(not EMU, reason="inspects the emulated render node")
+INFO = nv12_info(1928, 1208)
+FRAME_NS = 50_000_000
+OPENPILOT_QCOM_FLAGS = {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "IMAGE": 2}
+
+
+@pytest.fixture(scope="session")
+def qcom_artifact(tiny_models, tmp_path_factory, cli) -> Path:
+  """QCOM artifact of the tiny models for 1928x1208, compiled through the CLI in a subprocess (log kept beside it).
+
+  Built once per run even when xdist spreads this module over workers (pytest 9.2 ignores xdist 3.8's xdist_group, which renames
+  `item._nodeid`): workers share the run's base directory and take turns on a lock; the first builds, the others reuse it."""
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = tmp_path_factory.getbasetemp().parent / "qcom_artifact"
+    root.mkdir(exist_ok=True)
+  else:
+    root = tmp_path_factory.mktemp("qcom_artifact")
+  out = root / "artifact"
+  with open(root / ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (out / "manifest.json").exists():
+      r = cli("compile", "--vision", tiny_models / "driving_vision.onnx", "--policy", tiny_models / "driving_policy.onnx",
+              "--camera", "1928x1208", "--device", "QCOM", "-o", out)
+      assert r.returncode == 0, f"modeld-msm compile --device QCOM failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+      (root / "compile.log").write_text(r.stdout)
+  return out
+
+
+def _ev(service: str, **fields):
+  e = messaging.new_message(service, valid=True)
+  m = getattr(e, service)
+  for k, v in fields.items():
+    setattr(m, k, v)
+  return messaging.log_from_bytes(e.to_bytes())
+
+
+@contextlib.contextmanager
+def _on_device(monkeypatch):
+  """MODELD_DEV for the artifact's load; tinygrad's default device is put back afterwards for the other tests of this worker."""
+  from tinygrad.helpers import DEV
+  old = DEV.value
+  monkeypatch.setenv("MODELD_DEV", MODELD_DEV)
+  try:
+    yield
+  finally:
+    DEV.value = old
+
+
+def _qcom_device():
+  from tinygrad import Device
+  return Device["QCOM"]
+
+
+@pytest.mark.device
+def test_compile_uses_openpilot_qcom_flags_and_proves_replay(qcom_artifact, cli):
+  meta = json.loads((qcom_artifact / "metadata.json").read_text())
+  assert meta["flags"] == OPENPILOT_QCOM_FLAGS
+  assert meta["device"] == "QCOM" and meta["load_target"] == "QCOM:IR3" and meta["capture_target"] == "EMU+QCOM:IR3"
+  assert "IMAGE_PITCH_ALIGNMENT=64" in meta["arch"], meta["arch"]   # the device opened under IMAGE
+  checks = {c: (res, detail) for c, res, detail in meta["validation"]["checks"]}
+  res, detail = checks["pickle replay (EMU)"]
+  assert res == "ok" and "strict BO validation, 0 faults" in detail, detail
+  submits = int(detail.split(" submits")[0].rsplit(" ", 1)[1])
+  assert submits >= len(meta["validation"]["step_plan"])   # at least one GEM_SUBMIT per replayed step
+  log = (qcom_artifact.parent / "compile.log").read_text()
+  assert "capture flags: FLOAT16=1 NOLOCALS=1 JIT_BATCH_SIZE=0 IMAGE=2" in log
+  r = cli("verify", qcom_artifact, "--device", "QCOM", "--camera", "1928x1208")
+  assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.device
+def test_core_serves_qcom_artifact(qcom_artifact, monkeypatch):
+  from modeld_msm.core import Frame, ModeldCore
+  with _on_device(monkeypatch):
+    core = ModeldCore(qcom_artifact)
+    it = _qcom_device().iface
+    core.on_message(_ev("deviceState", deviceType="tici"))
+    core.on_message(_ev("liveCalibration", rpyCalib=[0.0, 0.01, 0.0]))
+    bufs = [np.random.default_rng(i).integers(0, 256, INFO.size, dtype=np.uint8) for i in range(3)]   # a VisionIPC-like ring
+    start = it.stats["submits"]
+    subs, published = [], {}
+    for n in (1, 2, 3, 5, 6, 7):   # frame 4 never arrives: 5 is a dropped (warp-only) step
+      core.on_message(_ev("roadCameraState", frameId=n, sensor="ar0231"))
+      s0 = it.stats["submits"]
+      out = core.on_frame(Frame(bufs[n % 3], n, n * FRAME_NS, n * FRAME_NS + FRAME_NS // 2))
+      subs.append(it.stats["submits"] - s0)
+      if out:
+        published[n] = out
+    assert sorted(published) == [1, 2, 3, 6, 7]
+    for n, out in published.items():
+      assert [svc for svc, _ in out] == ["modelV2", "drivingModelData", "cameraOdometry"]
+      evs = {svc: messaging.log_from_bytes(b) for svc, b in out}
+      m = evs["modelV2"].modelV2
+      assert (m.frameId, m.frameIdExtra, m.timestampEof) == (n, n, n * FRAME_NS + FRAME_NS // 2)
+      assert evs["drivingModelData"].drivingModelData.frameId == n and evs["cameraOdometry"].cameraOdometry.frameId == n
+    assert core.stats.dropped_steps == 1 and core.stats.published == 5
+    # every step reached the kernel, the dropped one too (its warp keeps the image queues moving)
+    assert all(s >= 1 for s in subs), subs
+    full = [s for n, s in zip((1, 2, 3, 5, 6, 7), subs) if n != 5]
+    assert len(set(full)) == 1 and subs[3] < full[0], subs   # a full step is the same plan every time; warp-only is smaller
+    jobs = list(it.recent)[-min(it.stats["submits"] - start, len(it.recent)):]
+    assert len(jobs) >= 6
+    for j in jobs:
+      assert len(j.handles) == len(set(j.handles)) == j.nr_bos, j.handles   # each BO listed once
+    assert it.retired == it.last_fence and not it.inflight and not it.pending
+
+
+@emu_only
+def test_emulator_saw_every_submit_under_strict_validation(qcom_artifact, monkeypatch):
+  from modeld_msm.core import Frame, ModeldCore
+  with _on_device(monkeypatch):
+    core = ModeldCore(qcom_artifact)
+    it = _qcom_device().iface
+    node = it.node
+    assert node.strict
+    s_node, s_if, f0, d0 = node.stats.submits, it.stats["submits"], len(node.stats.faults), node.stats.dispatches
+    core.on_message(_ev("deviceState", deviceType="tici"))
+    core.on_message(_ev("liveCalibration", rpyCalib=[0.0, 0.0, 0.0]))
+    buf = np.zeros(INFO.size, np.uint8)
+    for n in (1, 2, 4, 5):
+      core.on_message(_ev("roadCameraState", frameId=n, sensor="ar0231"))
+      core.on_frame(Frame(buf, n, n * FRAME_NS, n * FRAME_NS + 1))
+    _qcom_device().synchronize()
+    new = node.stats.submits - s_node
+    assert new == it.stats["submits"] - s_if and new >= 4          # the node saw exactly what the interface submitted
+    assert node.stats.faults[f0:] == [], node.stats.faults[f0:]   # strict: every dereferenced BO was in its submit's table
+    records = list(node.submits)[-new:]
+    assert len(records) == new
+    for r in records:
+      assert len(r.handles) == len(set(r.handles)), r.handles
+    dispatches = list(node.dispatches)[-(node.stats.dispatches - d0):]
+    assert dispatches and any(d.textures for d in dispatches)    # IMAGE=2: the convolutions read fp16 images through textures
+
+
+def _live_handles(it) -> int:
+  """GEM handles open on the node: the kernel's count on the emulator, our own alloc/close balance on a real node."""
+  own = it.stats["alloc"] - it.stats["close"]
+  if EMU:
+    assert it.node.live_handles == own   # the interface's bookkeeping matches what the node holds
+  return own
+
+
+@pytest.mark.device
+def test_gem_handles_return_to_baseline_after_free(qcom_artifact, monkeypatch):
+  from tinygrad.engine import realize
+
+  from compile.artifact import activate_target, verify_artifact
+  from modeld_msm.core import Frame, ModeldCore
+  with _on_device(monkeypatch):
+    activate_target(verify_artifact(qcom_artifact))   # opens the device first, so its own buffers are in the baseline
+    dev = _qcom_device()
+    gc.collect()
+    dev.synchronize()
+    dev.allocator.free_cache()
+    base, had_stack, cached = _live_handles(dev.iface), hasattr(dev, "_stack"), set(realize.runtime_cache)
+    core = ModeldCore(qcom_artifact)
+    buf = np.zeros(INFO.size, np.uint8)
+    for n in (1, 2, 4):
+      core.on_message(_ev("roadCameraState", frameId=n, sensor="ar0231"))
+      core.on_frame(Frame(buf, n, n * FRAME_NS, n * FRAME_NS + 1))
+    assert _live_handles(dev.iface) > base + 10
+    del core
+    # what holds GEM objects after the JITs are gone: tinygrad's allocator cache and its process-wide program cache
+    for k in set(realize.runtime_cache) - cached:
+      del realize.runtime_cache[k]
+    gc.collect()
+    dev.synchronize()
+    dev.allocator.free_cache()
+    gc.collect()
+    dev.synchronize()
+    stack = int(hasattr(dev, "_stack") and not had_stack)   # the device's private-memory stack, grown once by the first program
+    assert _live_handles(dev.iface) == base + stack, (_live_handles(dev.iface), base, stack)
+    assert not dev.iface.zombies
+
+
+@pytest.mark.device
+def test_device_sees_each_new_frame_in_a_reused_camera_buffer(qcom_artifact, monkeypatch):
+  from modeld_msm.model_state import ModelState
+  with _on_device(monkeypatch):
+    ms = ModelState(qcom_artifact)
+    buf, eye, tc = np.zeros(INFO.size, np.uint8), np.eye(3, dtype=np.float32), np.array([[1, 0]], np.float32)
+    ms.run(buf, buf, eye, eye, np.zeros(8, np.float32), tc, False)
+    buf[:] = np.random.default_rng(1).integers(0, 256, INFO.size, dtype=np.uint8)   # camerad reuses the buffer for a later frame
+    ms.run(buf, buf, eye, eye, np.zeros(8, np.float32), tc, False)
+    assert np.array_equal(ms._frame("main", buf).numpy(), buf[:INFO.size])   # what the program read from GPU memory
+
+
+# ---- across processes: VisionIPC server + msgq publishers -> `python -m modeld_msm.modeld` on QCOM -> SubMaster ----
+
+@pytest.fixture
+def prefix(monkeypatch):
+  p = f"qa{uuid.uuid4().hex[:10]}"
+  monkeypatch.setenv("OPENPILOT_PREFIX", p)
+  yield p
+  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
+
+
+def _stop(p) -> str:
+  if p.poll() is None:
+    p.send_signal(2)
+    try:
+      p.wait(10)
+    except subprocess.TimeoutExpired:
+      p.kill()
+  return p.stdout.read() if p.stdout else ""
+
+
+def _camera_server(streams):
+  from selfdrive_glue.visionipc import VisionIpcServer
+  srv = VisionIpcServer("camerad")
+  for st in streams:
+    srv.create_buffers_with_sizes(st, 4, 1928, 1208, INFO.size, INFO.stride, INFO.uv_offset)
+  srv.start_listener()
+  return srv
+
+
+@pytest.mark.slow
+@pytest.mark.device
+def test_modeld_process_serves_qcom_artifact(qcom_artifact, prefix):
+  from selfdrive_glue.visionipc import VisionStreamType
+  srv = _camera_server((VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD))
+  pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration"])
+  sm = messaging.SubMaster(["modelV2", "cameraOdometry"], poll="modelV2")
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "MODELD_DEV": MODELD_DEV}
+  p = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(qcom_artifact), "--demo"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  ds = messaging.new_message("deviceState", valid=True)
+  ds.deviceState.deviceType = "tici"
+  lc = messaging.new_message("liveCalibration", valid=True)
+  lc.liveCalibration.rpyCalib = [0.0, 0.0, 0.0]
+  ds, lc = ds.to_bytes(), lc.to_bytes()
+  frame = np.zeros(INFO.size, np.uint8)
+  try:
+    def send(n):
+      for svc, st in (("roadCameraState", VisionStreamType.ROAD), ("wideRoadCameraState", VisionStreamType.WIDE_ROAD)):
+        ev = messaging.new_message(svc, valid=True)
+        getattr(ev, svc).frameId, getattr(ev, svc).sensor = n, "ar0231"
+        pm.send(svc, ev)
+        srv.send(st, frame, n, n * FRAME_NS, n * FRAME_NS + FRAME_NS)
+
+    def wait_model(timeout):
+      end = time.monotonic() + timeout
+      while time.monotonic() < end:
+        sm.update(100)
+        if sm.updated["modelV2"]:
+          return sm["modelV2"], sm["cameraOdometry"]
+        assert p.poll() is None, _stop(p)
+      return None, None
+
+    seen = []
+    for n in range(1, 6):
+      for _ in range(300 if n == 1 else 1):   # the first frames may reach nobody while modeld starts and loads
+        pm.send("deviceState", ds)
+        pm.send("liveCalibration", lc)
+        send(n)
+        m, o = wait_model(0.25 if n == 1 else 20)
+        if m is not None:
+          break
+      assert m is not None, _stop(p)
+      assert m.frameId == m.frameIdExtra == o.frameId
+      seen.append(m.frameId)
+    assert seen[1:] == [2, 3, 4, 5]
+    send(7)   # after a gap: warp-only, nothing published
+    assert wait_model(1.5)[0] is None
+    send(8)
+    m, o = wait_model(20)
+    assert m is not None and m.frameId == 8 and o.frameId == 8
+  finally:
+    out = _stop(p)
+    srv.close()
+  assert "Traceback" not in out and "error" not in out.lower(), out
+  assert "artifact" in out and "QCOM:IR3" in out, out   # the startup line names the artifact's target
+
+
+def test_qcom_artifact_without_a_qcom_interface_is_refused(qcom_artifact, prefix, cli):
+  if os.path.exists("/dev/kgsl-3d0") or any(Path("/dev/dri").glob("renderD*")):
+    pytest.skip("this machine may have a QCOM interface")
+  env = {k: v for k, v in os.environ.items() if k not in ("MODELD_DEV", "DEV")}
+  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "verify", str(qcom_artifact)], capture_output=True, text=True, timeout=120,
+                     env=env)
+  assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr   # integrity is fine: it is the machine that is wrong
+  from selfdrive_glue.visionipc import VisionStreamType
+  srv = _camera_server((VisionStreamType.ROAD,))   # serve opens the device once a camera is there
+  try:
+    r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "serve", "--artifact", str(qcom_artifact), "--no-realtime", "--max-frames", "1"],
+                       capture_output=True, text=True, timeout=120, env={**env, "OPENPILOT_PREFIX": prefix})
+  finally:
+    srv.close()
+  err = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
+  assert r.returncode == 2, r.stdout + r.stderr
+  assert "Traceback" not in r.stderr and len(err) == 1, r.stderr
+  assert "is for QCOM (QCOM:IR3), which cannot be opened here" in err[0] and "compile" in err[0], err[0]
