@@ -1,0 +1,72 @@
+"""Shared fixtures: the tiny reference models and CPU artifacts compiled from them, built once per test session.
+
+A tiny compile takes ~30-40 s on a loaded 2-core box, so every test that needs an artifact reuses these. Under
+pytest-xdist (`-n 2 --dist loadgroup`) mark tests that share one with `pytest.mark.xdist_group(<fixture name>)`
+so a single worker builds it. The artifacts are read-only for tests: to tamper, copy first (see `clone_artifact`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+  """`modeld-msm ARGS` in a real subprocess of this interpreter (the venv's), output captured as text."""
+  return subprocess.run([sys.executable, "-m", "modeld_msm.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                        cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def clone_artifact(src: Path, dst: Path) -> Path:
+  """Copy an artifact by hard links (cheap for 50+ MB of pickles). Never write into a clone's files in place:
+  replace them with `rewrite_file`, which unlinks first, so the session artifact stays intact."""
+  shutil.copytree(src, dst, copy_function=os.link)
+  return dst
+
+
+def rewrite_file(path: Path, data: bytes) -> None:
+  path.unlink()
+  path.write_bytes(data)
+
+
+@pytest.fixture(scope="session")
+def cli():
+  return run_cli
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> Path:
+  """Directory with driving_vision.onnx + driving_policy.onnx, `tiny` size, seed 0."""
+  from compile.refmodels import write_models
+  d = tmp_path_factory.mktemp("tiny_models")
+  write_models(d, "tiny", 0)
+  return d
+
+
+@pytest.fixture(scope="session")
+def cpu_artifact_1928(tiny_models, tmp_path_factory) -> Path:
+  """CPU artifact of the tiny models for 1928x1208, built through the CLI in a subprocess (its stdout is kept
+  beside it in compile.log)."""
+  out = tmp_path_factory.mktemp("cpu_artifact_1928") / "artifact"
+  r = run_cli("compile", "--vision", tiny_models / "driving_vision.onnx", "--policy", tiny_models / "driving_policy.onnx",
+              "--camera", "1928x1208", "--device", "CPU", "-o", out)
+  assert r.returncode == 0, f"modeld-msm compile failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+  (out.parent / "compile.log").write_text(r.stdout)
+  return out
+
+
+@pytest.fixture(scope="session")
+def cpu_artifact_1344(tiny_models, tmp_path_factory) -> Path:
+  """CPU artifact of the tiny models for 1344x760, built in-process through `compile.build.compile_artifact`."""
+  from compile.build import compile_artifact
+  out = tmp_path_factory.mktemp("cpu_artifact_1344") / "artifact"
+  report = compile_artifact(tiny_models / "driving_vision.onnx", tiny_models / "driving_policy.onnx", (1344, 760), "CPU", out,
+                            log=lambda *_: None)
+  (out.parent / "compile.log").write_text(report.table())
+  return out
