@@ -16,6 +16,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
+from compile.onnx_model import sha256_file
 from modeld_msm.errors import UserError
 
 FORMAT = 1
@@ -38,14 +39,6 @@ def installed_versions() -> dict[str, str | None]:
   return out
 
 
-def _sha256(path: Path) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-      h.update(chunk)
-  return h.hexdigest()
-
-
 def write_artifact(out_dir: Path, files: dict[str, bytes], meta: dict[str, Any]) -> Path:
   """Write files + metadata + manifest into a temp dir beside out_dir, then swap it in (never half-written)."""
   out_dir = Path(out_dir)
@@ -62,18 +55,23 @@ def write_artifact(out_dir: Path, files: dict[str, bytes], meta: dict[str, Any])
       (tmp / name).write_bytes(data)
     manifest = {"format": FORMAT, "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(all_files.items())}}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.chmod(tmp, 0o755)
-    old = None
-    if out_dir.exists():
-      old = parent / f".{out_dir.name}.old-{os.getpid()}"
-      os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old is not None:
-      shutil.rmtree(old, ignore_errors=True)
+    swap_in_dir(tmp, out_dir)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return out_dir
+
+
+def swap_in_dir(tmp: Path, out_dir: Path) -> None:
+  """Replace out_dir by the finished tmp dir (same parent): readers see the old tree or the new one, never a mix."""
+  os.chmod(tmp, 0o755)
+  old = None
+  if out_dir.exists():
+    old = out_dir.resolve().parent / f".{out_dir.name}.old-{os.getpid()}"
+    os.replace(out_dir, old)
+  os.replace(tmp, out_dir)
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass
@@ -118,7 +116,7 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
     f = path / name
     if not f.is_file():
       raise ArtifactError(f"artifact {path} is missing {name}; {REBUILD_HINT}")
-    if _sha256(f) != digest:
+    if sha256_file(f) != digest:
       raise ArtifactError(f"artifact {path}: {name} does not match its manifest checksum (modified or corrupt); {REBUILD_HINT}")
   try:
     meta = json.loads((path / METADATA).read_text())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -24,7 +23,7 @@ BUNDLE_FILE = "bundle.json"
 
 
 def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: list[str], log=print) -> dict:
-  from compile.artifact import verify_artifact
+  from compile.artifact import swap_in_dir, verify_artifact
   from compile.build import compile_artifact
   out = Path(out)
   parent = out.resolve().parent
@@ -41,14 +40,7 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
                       "checks": [c for c, r, _ in report.checks if r == "ok"]}
     manifest = {"device": device.split(":")[0], "artifacts": entries, "created_unix": int(time.time())}
     (tmp / BUNDLE_FILE).write_text(json.dumps(manifest, indent=1))
-    os.chmod(tmp, 0o755)
-    old = None
-    if out.exists():
-      old = parent / f".{out.name}.old-{os.getpid()}"
-      os.replace(out, old)
-    os.replace(tmp, out)
-    if old:
-      shutil.rmtree(old, ignore_errors=True)
+    swap_in_dir(tmp, out)
     return manifest
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from selfdrive_glue.camera import rot_from_euler
 from selfdrive_glue.nv12 import NV12Info, nv12_info
 
 CAM_HEIGHT = 1.22  # m, comma device on the windshield
@@ -50,16 +51,6 @@ class EgoState:
   lateral_offset: float  # m, ego right of its lane centre
   lead_distance: float | None  # m to the lead's back, None when there is no lead
   lead_v_rel: float  # m/s, lead speed minus ego speed
-
-
-def rot_from_euler(rpy) -> np.ndarray:
-  """R = Rz(yaw) Ry(pitch) Rx(roll): device_from_calib, as openpilot's orientation helpers define it."""
-  r, p, y = rpy
-  cr, sr, cp, sp, cy, sy = math.cos(r), math.sin(r), math.cos(p), math.sin(p), math.cos(y), math.sin(y)
-  rx = np.array([[1, 0, 0], [0, cr, -sr], [0, sr, cr]])
-  ry = np.array([[cp, 0, sp], [0, 1, 0], [-sp, 0, cp]])
-  rz = np.array([[cy, -sy, 0], [sy, cy, 0], [0, 0, 1]])
-  return rz @ ry @ rx
 
 
 class _Sines:

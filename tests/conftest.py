@@ -35,6 +35,31 @@ def rewrite_file(path: Path, data: bytes) -> None:
   path.write_bytes(data)
 
 
+@pytest.fixture
+def prefix(monkeypatch):
+  """A private OPENPILOT_PREFIX: this test's msgq files and VisionIPC sockets, removed afterwards."""
+  import glob
+  import uuid
+  p = f"t{uuid.uuid4().hex[:11]}"
+  monkeypatch.setenv("OPENPILOT_PREFIX", p)
+  yield p
+  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
+  for leftover in glob.glob(f"/tmp/{p}_visionipc_*"):   # a server killed mid-test cannot unlink its socket
+    os.unlink(leftover)
+
+
+def stop_process(p: subprocess.Popen, timeout: float = 10) -> str:
+  """SIGINT (what openpilot's manager sends), then SIGKILL; returns what the process printed."""
+  if p.poll() is None:
+    p.send_signal(2)
+    try:
+      p.wait(timeout)
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+  return p.stdout.read() if p.stdout else ""
+
+
 @pytest.fixture(scope="session")
 def cli():
   return run_cli

@@ -1,9 +1,7 @@
 """PubMaster / SubMaster / new_message / log_from_bytes and Params, with real processes and real capnp bytes."""
 import logging
 import multiprocessing
-import shutil
 import time
-import uuid
 
 import pytest
 
@@ -12,15 +10,7 @@ from selfdrive_glue import messaging
 from selfdrive_glue.params import Params, default_params_dir
 
 CTX = multiprocessing.get_context("fork")
-pytestmark = pytest.mark.device   # plain Linux shared memory and sockets: runs unchanged on a vamOS device
-
-
-@pytest.fixture(autouse=True)
-def prefix(monkeypatch):
-  p = f"mm{uuid.uuid4().hex[:10]}"
-  monkeypatch.setenv("OPENPILOT_PREFIX", p)
-  yield p
-  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
+pytestmark = [pytest.mark.device, pytest.mark.usefixtures("prefix")]   # plain Linux shared memory and sockets: runs unchanged on a vamOS device
 
 
 def _car_state(v: float, valid=True) -> bytes:

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
+from conftest import stop_process
 
 from selfdrive_glue import messaging
 from selfdrive_glue.nv12 import nv12_info
@@ -154,28 +153,10 @@ def test_desire_pulse_only_on_rising_edge(core_factory):
 
 # ---- across processes: our VisionIPC server + msgq publishers -> `python -m modeld_msm.modeld` -> our SubMaster ----
 
-@pytest.fixture
-def prefix(monkeypatch):
-  p = f"md{uuid.uuid4().hex[:10]}"
-  monkeypatch.setenv("OPENPILOT_PREFIX", p)
-  yield p
-  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
-
-
 def _spawn_modeld(artifact, extra_env=None):
   env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
   return subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(artifact), "--demo"], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _stop(p) -> str:
-  if p.poll() is None:
-    p.send_signal(2)
-    try:
-      p.wait(10)
-    except subprocess.TimeoutExpired:
-      p.kill()
-  return p.stdout.read() if p.stdout else ""
 
 
 @pytest.mark.slow
@@ -205,7 +186,7 @@ def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
         sm.update(100)
         if sm.updated["modelV2"]:
           return sm["modelV2"], sm["cameraOdometry"]
-        assert p.poll() is None, _stop(p)
+        assert p.poll() is None, stop_process(p)
       return None, None
 
     ds = messaging.new_message("deviceState", valid=True)
@@ -223,7 +204,7 @@ def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
         m, o = wait_model(0.25 if n == 1 else 20)
         if m is not None:
           break
-      assert m is not None, _stop(p)
+      assert m is not None, stop_process(p)
       seen.append(m.frameId)
       assert m.frameId == m.frameIdExtra and m.timestampEof == m.frameId * FRAME_NS + FRAME_NS
     assert seen[1:] == list(range(2, 10))
@@ -244,7 +225,7 @@ def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
     m, o = wait_model()
     assert m is not None and m.frameId == 15 and o.frameId == 15
   finally:
-    out = _stop(p)
+    out = stop_process(p)
     srv.close()
   assert "Traceback" not in out, out
   assert "dropped bad message on 'carState'" in out, out
@@ -260,6 +241,6 @@ def test_modeld_refuses_wrong_stride(cpu_artifact_1928, prefix):
   try:
     rc = p.wait(60)
   finally:
-    out = _stop(p)
+    out = stop_process(p)
     srv.close()
   assert rc != 0 and "VENUS" in out and "Traceback" not in out, out

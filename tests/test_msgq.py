@@ -2,28 +2,18 @@
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import struct
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from selfdrive_glue import msgq
 
 CTX = multiprocessing.get_context("fork")
-pytestmark = pytest.mark.device   # plain Linux shared memory and sockets: runs unchanged on a vamOS device
-
-
-@pytest.fixture(autouse=True)
-def prefix(monkeypatch):
-  p = f"mt{uuid.uuid4().hex[:10]}"
-  monkeypatch.setenv("OPENPILOT_PREFIX", p)
-  yield p
-  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
+pytestmark = [pytest.mark.device, pytest.mark.usefixtures("prefix")]   # plain Linux shared memory and sockets: runs unchanged on a vamOS device
 
 
 def _payload(i: int, size: int) -> bytes:

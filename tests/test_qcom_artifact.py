@@ -11,15 +11,14 @@ import fcntl
 import gc
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import stop_process
 
 from selfdrive_glue import messaging
 from selfdrive_glue.nv12 import nv12_info
@@ -216,24 +215,6 @@ def test_device_sees_each_new_frame_in_a_reused_camera_buffer(qcom_artifact, mon
 
 # ---- across processes: VisionIPC server + msgq publishers -> `python -m modeld_msm.modeld` on QCOM -> SubMaster ----
 
-@pytest.fixture
-def prefix(monkeypatch):
-  p = f"qa{uuid.uuid4().hex[:10]}"
-  monkeypatch.setenv("OPENPILOT_PREFIX", p)
-  yield p
-  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
-
-
-def _stop(p) -> str:
-  if p.poll() is None:
-    p.send_signal(2)
-    try:
-      p.wait(10)
-    except subprocess.TimeoutExpired:
-      p.kill()
-  return p.stdout.read() if p.stdout else ""
-
-
 def _camera_server(streams):
   from selfdrive_glue.visionipc import VisionIpcServer
   srv = VisionIpcServer("camerad")
@@ -273,7 +254,7 @@ def test_modeld_process_serves_qcom_artifact(qcom_artifact, prefix):
         sm.update(100)
         if sm.updated["modelV2"]:
           return sm["modelV2"], sm["cameraOdometry"]
-        assert p.poll() is None, _stop(p)
+        assert p.poll() is None, stop_process(p)
       return None, None
 
     seen = []
@@ -285,7 +266,7 @@ def test_modeld_process_serves_qcom_artifact(qcom_artifact, prefix):
         m, o = wait_model(0.25 if n == 1 else 20)
         if m is not None:
           break
-      assert m is not None, _stop(p)
+      assert m is not None, stop_process(p)
       assert m.frameId == m.frameIdExtra == o.frameId
       seen.append(m.frameId)
     assert seen[1:] == [2, 3, 4, 5]
@@ -295,7 +276,7 @@ def test_modeld_process_serves_qcom_artifact(qcom_artifact, prefix):
     m, o = wait_model(20)
     assert m is not None and m.frameId == 8 and o.frameId == 8
   finally:
-    out = _stop(p)
+    out = stop_process(p)
     srv.close()
   assert "Traceback" not in out and "error" not in out.lower(), out
   assert "artifact" in out and "QCOM:IR3" in out, out   # the startup line names the artifact's target

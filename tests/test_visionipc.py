@@ -1,13 +1,10 @@
 """VisionIPC: a camera server and a client in different processes, real fd passing, real shared buffers."""
 import array
-import glob
 import multiprocessing
 import os
-import shutil
 import socket
 import struct
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -17,18 +14,8 @@ from selfdrive_glue.nv12 import nv12_info
 from selfdrive_glue.visionipc import VisionIpcClient, VisionIpcServer, VisionStreamType, endpoint_name, ipc_path
 
 CTX = multiprocessing.get_context("fork")
-pytestmark = pytest.mark.device   # plain Linux shared memory and sockets: runs unchanged on a vamOS device
+pytestmark = [pytest.mark.device, pytest.mark.usefixtures("prefix")]   # plain Linux shared memory and sockets: runs unchanged on a vamOS device
 ROAD, WIDE = VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD
-
-
-@pytest.fixture(autouse=True)
-def prefix(monkeypatch):
-  p = f"vt{uuid.uuid4().hex[:10]}"
-  monkeypatch.setenv("OPENPILOT_PREFIX", p)
-  yield p
-  shutil.rmtree(f"/dev/shm/msgq_{p}", ignore_errors=True)
-  for leftover in glob.glob(f"/tmp/{p}_visionipc_*"):   # a server killed mid-test cannot unlink its socket
-    os.unlink(leftover)
 
 
 def _frame(i: int, size: int) -> np.ndarray:
