@@ -162,10 +162,13 @@ def _spawn_modeld(artifact, extra_env=None):
 @pytest.mark.slow
 def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
   from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
-  srv = VisionIpcServer("camerad")
-  for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD):
-    srv.create_buffers_with_sizes(st, 4, 1928, 1208, INFO.size, INFO.stride, INFO.uv_offset)
-  srv.start_listener()
+  def _camera_server():
+    srv = VisionIpcServer("camerad")
+    for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD):
+      srv.create_buffers_with_sizes(st, 4, 1928, 1208, INFO.size, INFO.stride, INFO.uv_offset)
+    srv.start_listener()
+    return srv
+  srv = _camera_server()
   pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration", "carState"])
   sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
   p = _spawn_modeld(cpu_artifact_1928)
@@ -178,7 +181,7 @@ def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
         ev = messaging.new_message(svc, valid=True)
         getattr(ev, svc).frameId, getattr(ev, svc).sensor = n, "ar0231"
         pm.send(svc, ev)
-        srv.send(st, np.zeros(INFO.size, np.uint8), n, sof, sof + FRAME_NS)
+        srv.send(st, np.zeros(INFO.size, np.uint8), n, sof, sof + FRAME_NS)  # the current server (rebound on restart)
 
     def wait_model(timeout=20.0):
       t = time.monotonic() + timeout
@@ -224,6 +227,16 @@ def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
     send(15)
     m, o = wait_model()
     assert m is not None and m.frameId == 15 and o.frameId == 15
+    # camerad restarts: modeld waits, reconnects to the new server and goes on publishing
+    srv.close()
+    time.sleep(0.5)
+    srv = _camera_server()
+    for n in range(16, 400):
+      send(n)
+      m, _ = wait_model(0.25)
+      if m is not None:
+        break
+    assert m is not None and m.frameId >= 16, stop_process(p)
   finally:
     out = stop_process(p)
     srv.close()
