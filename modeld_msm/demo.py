@@ -125,7 +125,8 @@ def run_demo(opts: DemoOptions) -> dict:
   rss_start = rss_end = None
   expected = int(opts.seconds * 20)
   t0 = time.monotonic()
-  bar = tqdm(total=expected, unit="frame", desc="modelV2", dynamic_ncols=True)
+  # a log file gets a line every few seconds, a terminal a live bar
+  bar = tqdm(total=expected, unit="frame", desc="modelV2", dynamic_ncols=True, mininterval=0.2 if sys.stderr.isatty() else 5.0)
   try:
     while True:
       sm.update(100)
