@@ -249,9 +249,10 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
 
   from backend.msm import MSMFault, MSMTimeout
   dev = Device[dev_name]
-  node = getattr(dev.iface, "node", None)
+  iface = getattr(dev, "iface", None)
+  node = getattr(iface, "node", None)
   if node is None:
-    raise UserError(f"internal error: QCOM capture ran on {type(dev.iface).__name__}, not the emulated render node; please report it")
+    raise UserError(f"internal error: QCOM capture ran on {type(iface).__name__}, not the emulated render node; please report it")
   subs0, disp0, faults0 = node.stats.submits, node.stats.dispatches, len(node.stats.faults)
   try:
     policy, warp = art_mod.unpickle_programs(policy_pkl, warp_pkl)

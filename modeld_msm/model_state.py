@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ class ModelState:
     self.host = HostInputs.zeros()
     self.host_t = self.host.tensors()
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
-    self._frames: dict[tuple[str, int], object] = {}
+    self._frames: dict[tuple[str, int], Any] = {}  # tinygrad Tensors
     self.last_times = (0.0, 0.0)  # (device program incl. readback, host parse) of the last run, seconds
     zero = np.zeros(self.nv12.size, np.uint8)
     self._zero = zero  # the tensor below points into it
@@ -49,7 +50,7 @@ class ModelState:
       from tinygrad.device import Buffer
       dst = t.uop.buffer
       assert isinstance(dst, Buffer)
-      dst.copy_from(Buffer("PYTHON", dst.size, dst.dtype, opaque=memoryview(src).cast("B")))
+      dst.copy_from(Buffer("PYTHON", dst.size, dst.dtype, opaque=memoryview(src.data).cast("B")))
     return t
 
   def _call(self, jit, frame, big_frame):

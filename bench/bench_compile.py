@@ -1,0 +1,221 @@
+"""The compile step's output on the CPU: per-call latency of the compiled artifact vs onnxruntime, and compile wall time.
+
+For each model size and tinygrad configuration, one fresh worker process (so env knobs like BEAM apply from import):
+  1. compiles the reference models into an artifact (`compile_artifact`, 1928x1208) and records the wall time;
+  2. loads the artifact (`load_programs`) and times its fused step (warp x2 + vision + policy, outputs read back)
+     and its warp-only step;
+  3. times like-for-like TinyJits of vision alone and policy alone built from tinygrad's `OnnxRunner`;
+  4. times onnxruntime (CPUExecutionProvider, default threads) on the same ONNX files and inputs in its own process just
+     before (in one process the two runtimes' worker threads slowed each other by up to 4x on this 2-core box).
+Ratios are tinygrad / onnxruntime (< 1 means tinygrad is faster), measured back to back on the same machine.
+
+  .venv/bin/python bench/bench_compile.py --size tiny --configs CPU,CPU:LLVM,CPU+BEAM=2,CPU+THREADS=0
+  .venv/bin/python bench/bench_compile.py --size full --configs CPU --iters 30
+A config is DEVICE[+ENV=VALUE...]: the --device of `modeld-msm compile` plus environment for the worker.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+CAMERA = (1928, 1208)
+
+
+def _stats(times: list[float]) -> dict[str, float]:
+  a = np.asarray(times) * 1e3
+  return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+
+
+def _measure(fns: dict, iters: int, block: int = 5, warmup: int = 3) -> dict[str, dict[str, float]]:
+  """Time every callable `iters` times, taking turns in blocks of `block` calls, so all of them see the same background load
+  (this box is shared); a block's first call absorbs any spin-down of the previous runtime's threads."""
+  for fn in fns.values():
+    for _ in range(warmup):
+      fn()
+  times: dict[str, list[float]] = {k: [] for k in fns}
+  while any(len(t) < iters for t in times.values()):
+    for k, fn in fns.items():
+      for _ in range(min(block, iters - len(times[k]))):
+        t = time.perf_counter()
+        fn()
+        times[k].append(time.perf_counter() - t)
+  return {k: _stats(v) for k, v in times.items()}
+
+
+def _feeds(path: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
+  from compile.onnx_model import load_model_info
+  kind = "vision" if "vision" in path.name else "policy"
+  info = load_model_info(path, kind)
+  return {n: rng.integers(0, 256, s, dtype=np.uint8) if info.input_dtypes[n] == "uint8" else rng.standard_normal(s).astype(info.input_dtypes[n])
+          for n, s in info.input_shapes.items()}
+
+
+def worker(models: Path, device: str, iters: int) -> dict:
+  """Runs in a fresh process: compile, then time the artifact and per-model TinyJits."""
+  from compile.artifact import load_programs, verify_artifact
+  from compile.build import compile_artifact, frame_tensor
+  from compile.program import HostInputs
+  from selfdrive_glue.nv12 import nv12_info
+  res: dict = {"device": device, "env": {k: os.environ[k] for k in ("BEAM", "THREADS", "NUM_CPU_THREADS") if k in os.environ}}
+  out = Path(tempfile.mkdtemp(prefix="bench_compile_")) / "artifact"
+  t = time.perf_counter()
+  compile_artifact(models / "driving_vision.onnx", models / "driving_policy.onnx", CAMERA, device, out, log=lambda *_: None)
+  res["compile_s"] = time.perf_counter() - t
+
+  from tinygrad import Device
+  dev = Device.DEFAULT
+  res["renderer"] = type(Device[dev].renderer).__name__
+  policy_jit, warp_jit = load_programs(verify_artifact(out))
+  nv, rng = nv12_info(*CAMERA), np.random.default_rng(0)
+  bufs = [rng.integers(0, 256, nv.size, dtype=np.uint8) for _ in range(4)]
+  frames = [frame_tensor(b, dev) for b in bufs]
+  host = HostInputs.zeros()
+  host.tfm[:] = [[2.9, 0, 219], [0, 2.9, 465], [0, 0, 1]]
+  host.big_tfm[:] = [[1.25, 0, 645], [0, 1.25, 415], [0, 0, 1]]
+  host.traffic_convention[:] = [[1, 0]]
+  ht = host.tensors()
+  step = [0]
+
+  def fused():
+    i = step[0] = (step[0] + 2) % 4
+    v, p = policy_jit(frames[i], frames[i + 1], ht["desire"], ht["traffic_convention"], ht["tfm"], ht["big_tfm"])
+    v.numpy(), p.numpy()
+
+  def warp_only():
+    i = step[0] = (step[0] + 2) % 4
+    warp_jit(frames[i], frames[i + 1], ht["desire"], ht["traffic_convention"], ht["tfm"], ht["big_tfm"])
+    Device[dev].synchronize()
+
+  fns, checks = {"fused": fused, "warp": warp_only}, {}
+  for kind in ("vision", "policy"):
+    fns[f"tg_{kind}"], checks[kind] = _per_model(models / f"driving_{kind}.onnx", kind, dev)
+  res["load_before"] = os.getloadavg()[0]
+  res.update(_measure(fns, iters))
+  res["load_after"] = os.getloadavg()[0]
+  res.update({f"maxdiff_{k}": c() for k, c in checks.items()})
+  shutil.rmtree(out.parent, ignore_errors=True)
+  return res
+
+
+def _per_model(path: Path, kind: str, dev: str) -> tuple:
+  """One model alone: a TinyJit around tinygrad's OnnxRunner, outputs read back; returns (timed call, accuracy check)."""
+  from tinygrad import Tensor, TinyJit
+  from tinygrad.nn.onnx import OnnxRunner
+  feeds = _feeds(path, np.random.default_rng(1))
+  runner = OnnxRunner(path)
+  jit = TinyJit(lambda **kw: next(iter(runner(kw).values())).realize())
+  inputs = {k: Tensor(v, device=dev).realize() for k, v in feeds.items()}
+
+  def check() -> float:
+    import onnxruntime as ort
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0].astype(np.float32)
+    return float(np.abs(jit(**inputs).numpy().astype(np.float32) - ref).max())
+  return (lambda: jit(**inputs).numpy()), check
+
+
+def ort_worker(models: Path, iters: int) -> dict:
+  """onnxruntime alone in its own process (default threads), so neither runtime's thread pool disturbs the other."""
+  import onnxruntime as ort
+  fns = {}
+  for kind in ("vision", "policy"):
+    path = models / f"driving_{kind}.onnx"
+    feeds = _feeds(path, np.random.default_rng(1))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    fns[f"ort_{kind}"] = (lambda s, f: lambda: s.run(None, f))(sess, feeds)
+  return _measure(fns, iters)
+
+
+def _parse_config(cfg: str) -> tuple[str, dict[str, str]]:
+  device, *envs = cfg.split("+")
+  return device, dict(e.split("=", 1) for e in envs)
+
+
+def _run_worker(args: list[str], env: dict[str, str], timeout: float) -> dict:
+  r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}, cwd=REPO)
+  if r.returncode != 0:
+    raise RuntimeError((r.stderr.strip().splitlines() or ["?"])[-1][:120])
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_config(models: Path, cfg: str, iters: int, timeout: float) -> dict:
+  """onnxruntime in one fresh process, then tinygrad (compile + timing) in another, back to back."""
+  device, env = _parse_config(cfg)
+  t = time.perf_counter()
+  try:
+    res = _run_worker(["--worker", "ort", "--models", str(models), "--iters", str(iters)], {}, timeout)
+    res.update(_run_worker(["--worker", "tinygrad", "--models", str(models), "--device", device, "--iters", str(iters)], env, timeout))
+  except subprocess.TimeoutExpired:
+    return {"config": cfg, "error": f"timed out after {timeout:.0f} s"}
+  except RuntimeError as e:
+    return {"config": cfg, "error": str(e)}
+  res["config"], res["worker_s"] = cfg, time.perf_counter() - t
+  return res
+
+
+def table(rows: list[dict]) -> str:
+  head = (f"{'size':5s} {'config':16s} {'compile':>8s} | {'vision tg p50/p99':>18s} {'ORT p50/p99':>14s} {'ratio':>5s} | "
+          f"{'policy tg p50/p99':>18s} {'ORT p50/p99':>14s} {'ratio':>5s} | {'fused step p50/p99':>19s} {'vs ORT v+p':>10s} | {'warp':>6s} | load")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    if "error" in r:
+      lines.append(f"{r['size']:5s} {r['config']:16s} error: {r['error']}")
+      continue
+    def pp(k, r=r):
+      return f"{r[k]['p50']:7.2f}/{r[k]['p99']:7.2f}"
+    ort_sum = r["ort_vision"]["p50"] + r["ort_policy"]["p50"]
+    lines.append(f"{r['size']:5s} {r['config']:16s} {r['compile_s']:7.1f}s | {pp('tg_vision'):>18s} {pp('ort_vision'):>14s} "
+                 f"{r['tg_vision']['p50'] / r['ort_vision']['p50']:5.2f} | {pp('tg_policy'):>18s} {pp('ort_policy'):>14s} "
+                 f"{r['tg_policy']['p50'] / r['ort_policy']['p50']:5.2f} | {pp('fused'):>19s} {r['fused']['p50'] / ort_sum:10.2f} | "
+                 f"{r['warp']['p50']:6.2f} | {r['load_before']:.1f}-{r['load_after']:.1f}")
+  lines.append("times in ms (p50/p99 per call; tinygrad, onnxruntime each alone in a fresh process); ratio = tinygrad p50 / onnxruntime p50;\n"
+               "'vs ORT v+p' = fused step (incl. 2 warps) "
+               "/ (ORT vision + ORT policy); compile = wall time of compile_artifact incl. its validation; load = 1-min loadavg before-after")
+  return "\n".join(lines)
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--size", default="tiny", help="tiny, full, or tiny,full")
+  ap.add_argument("--configs", default="CPU,CPU:LLVM,CPU+BEAM=2,CPU+THREADS=0", help="comma-separated DEVICE[+ENV=VALUE...]")
+  ap.add_argument("--iters", type=int, default=0, help="timed calls per measurement (default 200 tiny, 30 full)")
+  ap.add_argument("--timeout", type=float, default=1800, help="seconds per config (compile included)")
+  ap.add_argument("--json", help="also write the raw results here")
+  ap.add_argument("--worker", choices=("ort", "tinygrad"), help=argparse.SUPPRESS)
+  ap.add_argument("--models", help=argparse.SUPPRESS)
+  ap.add_argument("--device", help=argparse.SUPPRESS)
+  args = ap.parse_args()
+  if args.worker:
+    res = ort_worker(Path(args.models), args.iters) if args.worker == "ort" else worker(Path(args.models), args.device, args.iters)
+    print(json.dumps(res))
+    return 0
+  from compile.refmodels import write_models
+  rows = []
+  for size in args.size.split(","):
+    models = Path(tempfile.mkdtemp(prefix=f"bench_models_{size}_"))
+    write_models(models, size, 0)
+    for cfg in args.configs.split(","):
+      print(f"[bench] {size} {cfg} ...", file=sys.stderr, flush=True)
+      r = run_config(models, cfg, args.iters or (200 if size == "tiny" else 30), args.timeout)
+      r["size"] = size
+      rows.append(r)
+      print(table([r]).splitlines()[2], file=sys.stderr, flush=True)
+    shutil.rmtree(models, ignore_errors=True)
+  print(table(rows))
+  if args.json:
+    Path(args.json).write_text(json.dumps(rows, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
