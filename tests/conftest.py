@@ -95,3 +95,86 @@ def cpu_artifact_1344(tiny_models, tmp_path_factory) -> Path:
                             log=lambda *_: None)
   (out.parent / "compile.log").write_text(report.table())
   return out
+
+
+class ModeldHarness:
+  """Real processes around a real modeld: our VisionIPC server and msgq publishers -> `python -m modeld_msm.modeld`
+  -> our SubMaster. `send(n)` publishes camera states + frames with frame id n; `wait_model` returns what modeld sent."""
+
+  FRAME_NS = 50_000_000
+
+  def __init__(self, artifact: Path, env: dict[str, str] | None = None, size: tuple[int, int] = (1928, 1208)):
+    import numpy as np
+
+    from selfdrive_glue import messaging
+    from selfdrive_glue.nv12 import nv12_info
+    from selfdrive_glue.visionipc import VisionStreamType
+    self.messaging, self.streams = messaging, (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD)
+    self.size, self.info = size, nv12_info(*size)
+    self.frame = np.zeros(self.info.size, np.uint8)
+    self.srv = self.camera_server(self.streams)
+    self.pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration", "carState"])
+    self.sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
+    self.proc = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(artifact), "--demo"],
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ds = messaging.new_message("deviceState", valid=True)
+    ds.deviceState.deviceType = "tici"
+    lc = messaging.new_message("liveCalibration", valid=True)
+    lc.liveCalibration.rpyCalib = [0.0, 0.0, 0.0]
+    self._calibration = (("deviceState", ds.to_bytes()), ("liveCalibration", lc.to_bytes()))
+
+  def camera_server(self, streams):
+    from selfdrive_glue.visionipc import VisionIpcServer
+    srv = VisionIpcServer("camerad")
+    for st in streams:
+      srv.create_buffers_with_sizes(st, 4, *self.size, self.info.size, self.info.stride, self.info.uv_offset)
+    srv.start_listener()
+    return srv
+
+  def restart_camera(self) -> None:
+    import time
+    self.srv.close()
+    time.sleep(0.5)
+    self.srv = self.camera_server(self.streams)
+
+  def send(self, n: int, road: bool = True, wide: bool = True) -> None:
+    for svc, st, on in (("roadCameraState", self.streams[0], road), ("wideRoadCameraState", self.streams[1], wide)):
+      if on:
+        ev = self.messaging.new_message(svc, valid=True)
+        getattr(ev, svc).frameId, getattr(ev, svc).sensor = n, "ar0231"
+        self.pm.send(svc, ev)
+        self.srv.send(st, self.frame, n, n * self.FRAME_NS, n * self.FRAME_NS + self.FRAME_NS)
+
+  def wait_model(self, timeout: float = 20.0):
+    """(modelV2, cameraOdometry) readers of the next output, or (None, None) after timeout seconds."""
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+      self.sm.update(100)
+      if self.sm.updated["modelV2"]:
+        return self.sm["modelV2"], self.sm["cameraOdometry"]
+      assert self.proc.poll() is None, stop_process(self.proc)
+    return None, None
+
+  def start(self, n: int = 1, tries: int = 200):
+    """Calibrate and send frame n until modeld is up and answers (the first frames may reach nobody while it loads)."""
+    for _ in range(tries):
+      for svc, dat in self._calibration:
+        self.pm.send(svc, dat)
+      self.send(n)
+      m, o = self.wait_model(0.25)
+      if m is not None:
+        return m, o
+    raise AssertionError(stop_process(self.proc))
+
+  def step(self, n: int, timeout: float = 20.0):
+    for svc, dat in self._calibration:
+      self.pm.send(svc, dat)
+    self.send(n)
+    return self.wait_model(timeout)
+
+  def close(self) -> str:
+    out = stop_process(self.proc)
+    self.srv.close()
+    return out

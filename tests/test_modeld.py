@@ -4,11 +4,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-from conftest import stop_process
+from conftest import ModeldHarness, stop_process
 
 from selfdrive_glue import messaging
 from selfdrive_glue.nv12 import nv12_info
@@ -161,85 +160,37 @@ def _spawn_modeld(artifact, extra_env=None):
 
 @pytest.mark.slow
 def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
-  from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
-  def _camera_server():
-    srv = VisionIpcServer("camerad")
-    for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD):
-      srv.create_buffers_with_sizes(st, 4, 1928, 1208, INFO.size, INFO.stride, INFO.uv_offset)
-    srv.start_listener()
-    return srv
-  srv = _camera_server()
-  pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration", "carState"])
-  sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
-  p = _spawn_modeld(cpu_artifact_1928)
+  h = ModeldHarness(cpu_artifact_1928)
   try:
-    def send(n, road=True, wide=True):
-      sof = n * FRAME_NS
-      for svc, st, on in (("roadCameraState", VisionStreamType.ROAD, road), ("wideRoadCameraState", VisionStreamType.WIDE_ROAD, wide)):
-        if not on:
-          continue
-        ev = messaging.new_message(svc, valid=True)
-        getattr(ev, svc).frameId, getattr(ev, svc).sensor = n, "ar0231"
-        pm.send(svc, ev)
-        srv.send(st, np.zeros(INFO.size, np.uint8), n, sof, sof + FRAME_NS)  # the current server (rebound on restart)
-
-    def wait_model(timeout=20.0):
-      t = time.monotonic() + timeout
-      while time.monotonic() < t:
-        sm.update(100)
-        if sm.updated["modelV2"]:
-          return sm["modelV2"], sm["cameraOdometry"]
-        assert p.poll() is None, stop_process(p)
-      return None, None
-
-    ds = messaging.new_message("deviceState", valid=True)
-    ds.deviceState.deviceType = "tici"
-    lc = messaging.new_message("liveCalibration", valid=True)
-    lc.liveCalibration.rpyCalib = [0.0, 0.0, 0.0]
-    ds, lc = ds.to_bytes(), lc.to_bytes()
-    seen = []
-    for n in range(1, 10):
-      # keep sending until modeld is up and connected (the first frames may go to nobody)
-      for _ in range(200 if n == 1 else 1):
-        pm.send("deviceState", ds)
-        pm.send("liveCalibration", lc)
-        send(n)
-        m, o = wait_model(0.25 if n == 1 else 20)
-        if m is not None:
-          break
-      assert m is not None, stop_process(p)
+    m, _ = h.start(1)
+    seen = [m.frameId]
+    for n in range(2, 10):
+      m, o = h.step(n)
+      assert m is not None, stop_process(h.proc)
       seen.append(m.frameId)
-      assert m.frameId == m.frameIdExtra and m.timestampEof == m.frameId * FRAME_NS + FRAME_NS
+      assert m.frameId == m.frameIdExtra == o.frameId and m.timestampEof == m.frameId * FRAME_NS + FRAME_NS
     assert seen[1:] == list(range(2, 10))
     # corrupt bytes on a subscribed service are counted and ignored; modeld keeps publishing
-    pm.send("carState", b"\x00\x00\x00\x00\x05\x00\x00\x00" + b"\xff" * 16)
-    send(10)
-    m, _ = wait_model()
+    h.pm.send("carState", b"\x00\x00\x00\x00\x05\x00\x00\x00" + b"\xff" * 16)
+    m, _ = h.step(10)
     assert m is not None and m.frameId == 10
     # a frame with only the wide camera: nothing may be published for it
-    send(13, road=False)
-    m, _ = wait_model(1.5)
-    assert m is None
+    h.send(13, road=False)
+    assert h.wait_model(1.5)[0] is None
     # the next road frame follows a gap, so it only advances the image queues (prepare-only): still nothing
-    send(14)
-    m, _ = wait_model(1.5)
-    assert m is None
-    send(15)
-    m, o = wait_model()
+    h.send(14)
+    assert h.wait_model(1.5)[0] is None
+    m, o = h.step(15)
     assert m is not None and m.frameId == 15 and o.frameId == 15
     # camerad restarts: modeld waits, reconnects to the new server and goes on publishing
-    srv.close()
-    time.sleep(0.5)
-    srv = _camera_server()
+    h.restart_camera()
     for n in range(16, 400):
-      send(n)
-      m, _ = wait_model(0.25)
+      m, _ = h.step(n, 0.25)
       if m is not None:
         break
-    assert m is not None and m.frameId >= 16, stop_process(p)
+    assert m is not None and m.frameId >= 16, stop_process(h.proc)
   finally:
-    out = stop_process(p)
-    srv.close()
+    out = h.close()
   assert "Traceback" not in out, out
   assert "dropped bad message on 'carState'" in out, out
 

@@ -13,12 +13,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import stop_process
+from conftest import ModeldHarness, stop_process
 
 from selfdrive_glue import messaging
 from selfdrive_glue.nv12 import nv12_info
@@ -215,69 +214,24 @@ def test_device_sees_each_new_frame_in_a_reused_camera_buffer(qcom_artifact, mon
 
 # ---- across processes: VisionIPC server + msgq publishers -> `python -m modeld_msm.modeld` on QCOM -> SubMaster ----
 
-def _camera_server(streams):
-  from selfdrive_glue.visionipc import VisionIpcServer
-  srv = VisionIpcServer("camerad")
-  for st in streams:
-    srv.create_buffers_with_sizes(st, 4, 1928, 1208, INFO.size, INFO.stride, INFO.uv_offset)
-  srv.start_listener()
-  return srv
-
-
 @pytest.mark.slow
 @pytest.mark.device
 def test_modeld_process_serves_qcom_artifact(qcom_artifact, prefix):
-  from selfdrive_glue.visionipc import VisionStreamType
-  srv = _camera_server((VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD))
-  pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration"])
-  sm = messaging.SubMaster(["modelV2", "cameraOdometry"], poll="modelV2")
-  env = {**os.environ, "PYTHONUNBUFFERED": "1", "MODELD_DEV": MODELD_DEV}
-  p = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(qcom_artifact), "--demo"], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  ds = messaging.new_message("deviceState", valid=True)
-  ds.deviceState.deviceType = "tici"
-  lc = messaging.new_message("liveCalibration", valid=True)
-  lc.liveCalibration.rpyCalib = [0.0, 0.0, 0.0]
-  ds, lc = ds.to_bytes(), lc.to_bytes()
-  frame = np.zeros(INFO.size, np.uint8)
+  h = ModeldHarness(qcom_artifact, env={"MODELD_DEV": MODELD_DEV})
   try:
-    def send(n):
-      for svc, st in (("roadCameraState", VisionStreamType.ROAD), ("wideRoadCameraState", VisionStreamType.WIDE_ROAD)):
-        ev = messaging.new_message(svc, valid=True)
-        getattr(ev, svc).frameId, getattr(ev, svc).sensor = n, "ar0231"
-        pm.send(svc, ev)
-        srv.send(st, frame, n, n * FRAME_NS, n * FRAME_NS + FRAME_NS)
-
-    def wait_model(timeout):
-      end = time.monotonic() + timeout
-      while time.monotonic() < end:
-        sm.update(100)
-        if sm.updated["modelV2"]:
-          return sm["modelV2"], sm["cameraOdometry"]
-        assert p.poll() is None, stop_process(p)
-      return None, None
-
-    seen = []
-    for n in range(1, 6):
-      for _ in range(300 if n == 1 else 1):   # the first frames may reach nobody while modeld starts and loads
-        pm.send("deviceState", ds)
-        pm.send("liveCalibration", lc)
-        send(n)
-        m, o = wait_model(0.25 if n == 1 else 20)
-        if m is not None:
-          break
-      assert m is not None, stop_process(p)
-      assert m.frameId == m.frameIdExtra == o.frameId
+    m, o = h.start(1, tries=300)
+    seen = [m.frameId]
+    for n in range(2, 6):
+      m, o = h.step(n)
+      assert m is not None and m.frameId == m.frameIdExtra == o.frameId, stop_process(h.proc)
       seen.append(m.frameId)
     assert seen[1:] == [2, 3, 4, 5]
-    send(7)   # after a gap: warp-only, nothing published
-    assert wait_model(1.5)[0] is None
-    send(8)
-    m, o = wait_model(20)
+    h.send(7)   # after a gap: warp-only, nothing published
+    assert h.wait_model(1.5)[0] is None
+    m, o = h.step(8)
     assert m is not None and m.frameId == 8 and o.frameId == 8
   finally:
-    out = stop_process(p)
-    srv.close()
+    out = h.close()
   assert "Traceback" not in out and "error" not in out.lower(), out
   assert "artifact" in out and "QCOM:IR3" in out, out   # the startup line names the artifact's target
 
@@ -289,8 +243,10 @@ def test_qcom_artifact_without_a_qcom_interface_is_refused(qcom_artifact, prefix
   r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "verify", str(qcom_artifact)], capture_output=True, text=True, timeout=120,
                      env=env)
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr   # integrity is fine: it is the machine that is wrong
-  from selfdrive_glue.visionipc import VisionStreamType
-  srv = _camera_server((VisionStreamType.ROAD,))   # serve opens the device once a camera is there
+  from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
+  srv = VisionIpcServer("camerad")   # serve opens the device once a camera is there
+  srv.create_buffers_with_sizes(VisionStreamType.ROAD, 4, 1928, 1208, INFO.size, INFO.stride, INFO.uv_offset)
+  srv.start_listener()
   try:
     r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "serve", "--artifact", str(qcom_artifact), "--no-realtime", "--max-frames", "1"],
                        capture_output=True, text=True, timeout=120, env={**env, "OPENPILOT_PREFIX": prefix})
