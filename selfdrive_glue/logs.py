@@ -42,37 +42,21 @@ def compression_of(path: Path, head: bytes) -> str:
   return "none"
 
 
-def _decompress_zstd(data: bytes) -> tuple[bytes, str | None]:
+def _decompress_frames(data: bytes, new_decompressor, errors: tuple[type[Exception], ...], magic: bytes, name: str) -> tuple[bytes, str | None]:
+  """Concatenated compressed frames (what appending writers produce) -> (bytes, damage or None); a bad frame keeps the prefix."""
   out, pos = [], 0
   while pos < len(data):
-    d = zstandard.ZstdDecompressor().decompressobj()
+    d = new_decompressor()
     try:
       out.append(d.decompress(data[pos:]))
-    except zstandard.ZstdError as e:
-      return b"".join(out), f"zstd stream corrupt after {sum(map(len, out))} bytes ({e})"
+    except errors as e:
+      return b"".join(out), f"{name} stream corrupt after {sum(map(len, out))} bytes ({e})"
     if not d.eof:
-      return b"".join(out), f"zstd stream truncated after {sum(map(len, out))} decompressed bytes"
+      return b"".join(out), f"{name} stream truncated after {sum(map(len, out))} decompressed bytes"
     rest = d.unused_data
     pos = len(data) - len(rest)
-    if rest and not rest.startswith(ZSTD_MAGIC):
-      return b"".join(out), f"{len(rest)} bytes of non-zstd data after the stream"
-  return b"".join(out), None
-
-
-def _decompress_bz2(data: bytes) -> tuple[bytes, str | None]:
-  out, pos = [], 0
-  while pos < len(data):
-    d = bz2.BZ2Decompressor()
-    try:
-      out.append(d.decompress(data[pos:]))
-    except (OSError, ValueError) as e:
-      return b"".join(out), f"bz2 stream corrupt after {sum(map(len, out))} bytes ({e})"
-    if not d.eof:
-      return b"".join(out), f"bz2 stream truncated after {sum(map(len, out))} decompressed bytes"
-    rest = d.unused_data
-    pos = len(data) - len(rest)
-    if rest and not rest.startswith(BZ2_MAGIC):
-      return b"".join(out), f"{len(rest)} bytes of non-bz2 data after the stream"
+    if rest and not rest.startswith(magic):
+      return b"".join(out), f"{len(rest)} bytes of non-{name} data after the stream"
   return b"".join(out), None
 
 
@@ -80,9 +64,9 @@ def decompress(path: Path, data: bytes) -> tuple[bytes, str | None]:
   """-> (decompressed bytes, damage description or None)."""
   kind = compression_of(path, data[:8])
   if kind == "zstd":
-    return _decompress_zstd(data)
+    return _decompress_frames(data, lambda: zstandard.ZstdDecompressor().decompressobj(), (zstandard.ZstdError,), ZSTD_MAGIC, "zstd")
   if kind == "bz2":
-    return _decompress_bz2(data)
+    return _decompress_frames(data, bz2.BZ2Decompressor, (OSError, ValueError), BZ2_MAGIC, "bz2")
   return data, None
 
 
