@@ -205,3 +205,21 @@ def test_reads_a_capnp_carstate():
   assert (dh.lane_change_state, dh.lane_change_direction) == (PRE, LEFT)
   dh.update(_capnp_carstate(vEgo=FAST, leftBlinker=True, steeringPressed=True, steeringTorque=2.0), True, 1.0)
   assert (dh.lane_change_state, dh.desire) == (STARTING, 3)
+
+
+def test_blindspot_read_from_a_real_carstate_message():
+  from selfdrive_glue import messaging
+
+  def carstate(**kw):
+    ev = messaging.new_message("carState", valid=True)
+    for k, v in {"vEgo": FAST, "leftBlinker": True, **kw}.items():
+      setattr(ev.carState, k, v)
+    return messaging.log_from_bytes(ev.to_bytes()).carState
+  dh = DesireHelper()
+  step(dh)
+  step(dh, carstate(), n=2)
+  assert (dh.lane_change_state, dh.lane_change_direction) == (PRE, LEFT)
+  step(dh, carstate(steeringPressed=True, steeringTorque=1.0, leftBlindspot=True))
+  assert dh.lane_change_state == PRE          # a car in the left blind spot holds the change
+  step(dh, carstate(steeringPressed=True, steeringTorque=1.0))
+  assert dh.lane_change_state == STARTING

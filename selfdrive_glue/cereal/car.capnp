@@ -35,6 +35,14 @@ struct CarState {
   unused24 @24 :Bool;
   unused25 @25 :Bool;
   canValid @26 :Bool;
+  unused27 @27 :Float32;
+  unused28 @28 :Bool;
+  unused29 @29 :Bool;
+  unused30 @30 :Bool;
+  unused31 @31 :Bool;
+  unused32 @32 :Bool;
+  leftBlindspot @33 :Bool;
+  rightBlindspot @34 :Bool;
   enum GearShifter {
     unknown @0;
     park @1;
