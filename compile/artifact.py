@@ -164,8 +164,15 @@ def activate_target(art: VerifiedArtifact) -> None:
   try:
     Device[Device.DEFAULT]
   except Exception as e:
-    raise ArtifactError(f"artifact {art.path} is for {art.device} ({target}), which cannot be opened here: {str(e).splitlines()[0][:200]}; "
+    raise ArtifactError(f"artifact {art.path} is for {art.device} ({target}), which cannot be opened here ({_why(e)}); "
                         f"use an artifact compiled for this machine (e.g. `modeld-msm compile --device CPU`)") from None
+
+
+def _why(e: BaseException) -> str:
+  """tinygrad tries each kernel interface and raises a group of failures: name each one, briefly."""
+  if isinstance(e, BaseExceptionGroup):
+    return "; ".join(_why(x) for x in e.exceptions)
+  return f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
 
 
 def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:

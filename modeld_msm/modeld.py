@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from compile.artifact import resolve_artifact
+from compile.artifact import MANIFEST, activate_target, resolve_artifact, verify_artifact
 from modeld_msm.core import PUBLISHED, SUBSCRIBED, Frame, ModeldCore
 from modeld_msm.errors import UserError
 from selfdrive_glue import messaging
@@ -125,6 +125,9 @@ def serve(opts: ServeOptions) -> int:
     log.info("realtime: %s", config_realtime())
 
   car_params = load_car_params(opts.car_params, opts.use_params)
+  if (Path(opts.artifact) / MANIFEST).exists():
+    # a single artifact: check it and open its device now, so a wrong one is refused before we wait for cameras
+    activate_target(verify_artifact(opts.artifact))
   log.info("connecting to VisionIPC server %r", opts.server)
   main, extra, main_wide = connect_streams(opts.server, lambda: stopping)
   cam = check_geometry(main)

@@ -243,15 +243,9 @@ def test_qcom_artifact_without_a_qcom_interface_is_refused(qcom_artifact, prefix
   r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "verify", str(qcom_artifact)], capture_output=True, text=True, timeout=120,
                      env=env)
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr   # integrity is fine: it is the machine that is wrong
-  from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
-  srv = VisionIpcServer("camerad")   # serve opens the device once a camera is there
-  srv.create_buffers_with_sizes(VisionStreamType.ROAD, 4, 1928, 1208, INFO.size, INFO.stride, INFO.uv_offset)
-  srv.start_listener()
-  try:
-    r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "serve", "--artifact", str(qcom_artifact), "--no-realtime", "--max-frames", "1"],
-                       capture_output=True, text=True, timeout=120, env={**env, "OPENPILOT_PREFIX": prefix})
-  finally:
-    srv.close()
+  # no camera server: serve must refuse the artifact at start-up, not after waiting for frames
+  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "serve", "--artifact", str(qcom_artifact), "--no-realtime", "--max-frames", "1"],
+                     capture_output=True, text=True, timeout=120, env={**env, "OPENPILOT_PREFIX": prefix})
   err = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
   assert r.returncode == 2, r.stdout + r.stderr
   assert "Traceback" not in r.stderr and len(err) == 1, r.stderr
