@@ -66,26 +66,8 @@ def _unstamp(payload) -> tuple[int, int]:
 
 
 # ---- readers (child processes) ----
-def _msgq_reader(name, size, n, out, ready):
-  sock = msgq.SubSocket(name, size, timeout=2000)
-  ready.set()
-  lat, first, last, got = [], None, None, 0
-  while got < n:
-    d = sock.receive()
-    if d is None:
-      break
-    now = time.perf_counter_ns()
-    t, _ = _unstamp(d)
-    lat.append(now - t)
-    first = first or now
-    last, got = now, got + 1
-  out.put((lat, got, first, last))
-
-
-def _cpp_reader(name, size, n, out, ready):
-  from msgq import sub_sock  # type: ignore[import-not-found]
-  sock = sub_sock(name, segment_size=size, timeout=2000)
-  ready.set()
+def _drain(sock, n, out) -> None:
+  """Receive up to n stamped messages (stop on a 2 s timeout) and report (latencies, count, first, last)."""
   lat, first, last, got = [], None, None, 0
   while got < n:
     d = sock.receive()
@@ -96,6 +78,19 @@ def _cpp_reader(name, size, n, out, ready):
     first = first or now
     last, got = now, got + 1
   out.put((lat, got, first, last))
+
+
+def _msgq_reader(name, size, n, out, ready):
+  sock = msgq.SubSocket(name, size, timeout=2000)
+  ready.set()
+  _drain(sock, n, out)
+
+
+def _cpp_reader(name, size, n, out, ready):
+  from msgq import sub_sock  # type: ignore[import-not-found]
+  sock = sub_sock(name, segment_size=size, timeout=2000)
+  ready.set()
+  _drain(sock, n, out)
 
 
 def _pipe_reader(conn, n, out, ready):

@@ -48,6 +48,16 @@ def prefix(monkeypatch):
     os.unlink(leftover)
 
 
+def event_reader(service: str, **fields):
+  """A real capnp Event of `service` with the given member fields, as a reader decoded from its bytes."""
+  from selfdrive_glue import messaging
+  e = messaging.new_message(service, valid=True)
+  m = getattr(e, service)
+  for k, v in fields.items():
+    setattr(m, k, v)
+  return messaging.log_from_bytes(e.to_bytes())
+
+
 def stop_process(p: subprocess.Popen, timeout: float = 10) -> str:
   """SIGINT (what openpilot's manager sends), then SIGKILL; returns what the process printed."""
   if p.poll() is None:

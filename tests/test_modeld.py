@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ModeldHarness, stop_process
+from conftest import ModeldHarness, event_reader, stop_process
 
 from selfdrive_glue import messaging
 from selfdrive_glue.nv12 import nv12_info
@@ -17,18 +17,10 @@ INFO = nv12_info(1928, 1208)
 FRAME_NS = 50_000_000
 
 
-def _ev(service: str, **fields):
-  e = messaging.new_message(service, valid=True)
-  m = getattr(e, service)
-  for k, v in fields.items():
-    setattr(m, k, v)
-  return messaging.log_from_bytes(e.to_bytes())
-
-
 def _calibrated(core, frame_id: int = 1) -> None:
-  core.on_message(_ev("deviceState", deviceType="tici"))
-  core.on_message(_ev("roadCameraState", frameId=frame_id, sensor="ar0231"))
-  core.on_message(_ev("liveCalibration", rpyCalib=[0.0, 0.0, 0.0]))
+  core.on_message(event_reader("deviceState", deviceType="tici"))
+  core.on_message(event_reader("roadCameraState", frameId=frame_id, sensor="ar0231"))
+  core.on_message(event_reader("liveCalibration", rpyCalib=[0.0, 0.0, 0.0]))
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +44,7 @@ def test_frame_ids_and_timestamps_propagate(core_factory):
   core = core_factory()
   road, wide = np.zeros(INFO.size, np.uint8), np.full(INFO.size, 7, np.uint8)
   for n in range(1, 8):
-    core.on_message(_ev("roadCameraState", frameId=n, sensor="ar0231"))
+    core.on_message(event_reader("roadCameraState", frameId=n, sensor="ar0231"))
     out = core.on_frame(_frame(n, road), _frame(n, wide))
     assert [s for s, _ in out] == ["modelV2", "drivingModelData", "cameraOdometry"]
     d = _decode(out)
@@ -90,7 +82,7 @@ def test_nothing_published_on_dropped_frames(core_factory):
 def test_frame_age_from_road_camera_state(core_factory):
   core = core_factory()
   assert core.on_frame(_frame(8)) == []   # the first frame after 0 counts as a drop, as in openpilot
-  core.on_message(_ev("roadCameraState", frameId=12, sensor="ar0231"))
+  core.on_message(event_reader("roadCameraState", frameId=12, sensor="ar0231"))
   d = _decode(core.on_frame(_frame(9)))
   assert d["modelV2"].modelV2.frameAge == 3
 
@@ -122,7 +114,7 @@ def test_bad_calibration_is_counted_not_fatal(core_factory, caplog):
   _calibrated(core)
   core.on_frame(_frame(1))
   good = core.tfm.copy()
-  core.on_message(_ev("liveCalibration", rpyCalib=[0.1, float("nan"), 0.0]))
+  core.on_message(event_reader("liveCalibration", rpyCalib=[0.1, float("nan"), 0.0]))
   with caplog.at_level("ERROR", logger="modeld"):
     assert core.on_frame(_frame(2))
   assert core.stats.bad_inputs == 1 and np.array_equal(core.tfm, good)

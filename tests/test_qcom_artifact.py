@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ModeldHarness, stop_process
+from conftest import ModeldHarness, event_reader, stop_process
 
 from selfdrive_glue import messaging
 from selfdrive_glue.nv12 import nv12_info
@@ -51,14 +51,6 @@ def qcom_artifact(tiny_models, tmp_path_factory, cli) -> Path:
       assert r.returncode == 0, f"modeld-msm compile --device QCOM failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
       (root / "compile.log").write_text(r.stdout)
   return out
-
-
-def _ev(service: str, **fields):
-  e = messaging.new_message(service, valid=True)
-  m = getattr(e, service)
-  for k, v in fields.items():
-    setattr(m, k, v)
-  return messaging.log_from_bytes(e.to_bytes())
 
 
 @contextlib.contextmanager
@@ -101,13 +93,13 @@ def test_core_serves_qcom_artifact(qcom_artifact, monkeypatch):
   with _on_device(monkeypatch):
     core = ModeldCore(qcom_artifact)
     it = _qcom_device().iface
-    core.on_message(_ev("deviceState", deviceType="tici"))
-    core.on_message(_ev("liveCalibration", rpyCalib=[0.0, 0.01, 0.0]))
+    core.on_message(event_reader("deviceState", deviceType="tici"))
+    core.on_message(event_reader("liveCalibration", rpyCalib=[0.0, 0.01, 0.0]))
     bufs = [np.random.default_rng(i).integers(0, 256, INFO.size, dtype=np.uint8) for i in range(3)]   # a VisionIPC-like ring
     start = it.stats["submits"]
     subs, published = [], {}
     for n in (1, 2, 3, 5, 6, 7):   # frame 4 never arrives: 5 is a dropped (warp-only) step
-      core.on_message(_ev("roadCameraState", frameId=n, sensor="ar0231"))
+      core.on_message(event_reader("roadCameraState", frameId=n, sensor="ar0231"))
       s0 = it.stats["submits"]
       out = core.on_frame(Frame(bufs[n % 3], n, n * FRAME_NS, n * FRAME_NS + FRAME_NS // 2))
       subs.append(it.stats["submits"] - s0)
@@ -141,11 +133,11 @@ def test_emulator_saw_every_submit_under_strict_validation(qcom_artifact, monkey
     node = it.node
     assert node.strict
     s_node, s_if, f0, d0 = node.stats.submits, it.stats["submits"], len(node.stats.faults), node.stats.dispatches
-    core.on_message(_ev("deviceState", deviceType="tici"))
-    core.on_message(_ev("liveCalibration", rpyCalib=[0.0, 0.0, 0.0]))
+    core.on_message(event_reader("deviceState", deviceType="tici"))
+    core.on_message(event_reader("liveCalibration", rpyCalib=[0.0, 0.0, 0.0]))
     buf = np.zeros(INFO.size, np.uint8)
     for n in (1, 2, 4, 5):
-      core.on_message(_ev("roadCameraState", frameId=n, sensor="ar0231"))
+      core.on_message(event_reader("roadCameraState", frameId=n, sensor="ar0231"))
       core.on_frame(Frame(buf, n, n * FRAME_NS, n * FRAME_NS + 1))
     _qcom_device().synchronize()
     new = node.stats.submits - s_node
@@ -183,7 +175,7 @@ def test_gem_handles_return_to_baseline_after_free(qcom_artifact, monkeypatch):
     core = ModeldCore(qcom_artifact)
     buf = np.zeros(INFO.size, np.uint8)
     for n in (1, 2, 4):
-      core.on_message(_ev("roadCameraState", frameId=n, sensor="ar0231"))
+      core.on_message(event_reader("roadCameraState", frameId=n, sensor="ar0231"))
       core.on_frame(Frame(buf, n, n * FRAME_NS, n * FRAME_NS + 1))
     assert _live_handles(dev.iface) > base + 10
     del core
