@@ -423,7 +423,8 @@ class EMUIface(MSMIface):
 
   def _open(self):
     from backend.emu import RenderNode
-    node = RenderNode(strict=bool(getenv("EMU_STRICT", 1)))
+    # level B (IR3 execution) is read from the environment per device, not through tinygrad's cached getenv
+    node = RenderNode(strict=bool(getenv("EMU_STRICT", 1)), execute=os.environ.get("EMU_EXEC", "0") not in ("", "0"))
     return node, node.path
 
   @property

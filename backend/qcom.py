@@ -218,6 +218,8 @@ class MSMProgram(up.QCOMProgram):
   def __init__(self, dev, obj):
     with _cpu_pointers(dev.iface):
       _PROGRAM_INIT(self, dev, obj)
+    if (node := getattr(dev.iface, "node", None)) is not None:
+      node.kernel_names[int(self.lib_gpu.va_addr)] = self.name   # so the emulator's faults name the kernel
 
 
 class MSMAllocator(up.QCOMAllocator):

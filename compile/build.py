@@ -5,9 +5,11 @@ Validation before anything is written:
   2. the fused program, jitted, equals the unjitted program exactly — outputs and every device queue — over a sequence
      of seeded steps that mixes full steps with warp-only (dropped-frame) steps and rotates frame buffers like VisionIPC;
   3. the pickled JITs, loaded back, reproduce the first step exactly and react to different inputs.
-QCOM is captured on the emulated render node under openpilot's QCOM flags (TARGET_FLAGS, recorded as metadata "flags"). The
-emulator runs no shaders, so 1 and 2 are left to the CPU artifact; 3 becomes: the reloaded pickles replay the whole step plan
-through the MSM submit path with strict BO validation and no GPU fault.
+QCOM is captured on the emulated render node under openpilot's QCOM flags (TARGET_FLAGS, recorded as metadata "flags"), with
+the node executing the a630 machine code (level B): the capture runs kernels whose outputs are pickled with the program
+(weights converted on the device, e.g. into IMAGE=2 layouts), so a capture that does not execute them pickles buffers that
+were never written. 1 and 2 run on the emulated a630 like on the CPU, and 3 also proves that the reloaded pickles replay
+the whole step plan through the MSM submit path with strict BO validation, no GPU fault and the same outputs.
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def frame_tensor(buf: np.ndarray, device: str):
 
 def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport) -> None:
   import onnxruntime as ort
-  from tinygrad import Tensor
+  from tinygrad import Tensor, dtypes
   sess = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
   worst = 0.0
   for _ in range(2):
@@ -78,16 +80,30 @@ def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: Co
       dt = np.dtype(info.input_dtypes[name])
       feeds[name] = rng.integers(0, 256, shape, dtype=np.uint8) if dt == np.uint8 else rng.standard_normal(shape).astype(dt)
     ref = sess.run(None, feeds)[0].astype(np.float32)
-    got = next(iter(runner({k: Tensor(v) for k, v in feeds.items()}).values())).float().numpy()
+    # inputs enter as the program feeds them (fp32 host data cast on the device): tinygrad 0.14's IR3 path fails to verify
+    # the policy graph fed fp16 tensors built from numpy directly (a WHERE mixing half and float)
+    inputs = {k: Tensor(v.astype(np.float32)).cast(dtypes.half) if v.dtype == np.float16 else Tensor(v) for k, v in feeds.items()}
+    got = next(iter(runner(inputs).values())).float().numpy()
     if not np.isfinite(got).all():
       raise UserError(f"{info.kind} model produces non-finite outputs under tinygrad; check the model file")
     excess = np.abs(got - ref) - (ORT_ATOL + ORT_RTOL * np.abs(ref))
     worst = max(worst, float(np.abs(got - ref).max()))
     if (excess > 0).any():
       i = int(np.argmax(excess))
+      where = _locate(lambda feed=inputs: next(iter(runner(feed).values())).float().numpy())
       raise UserError(f"{info.kind} model: tinygrad and onnxruntime disagree at output {i}: {got.flat[i]:.5g} vs {ref.flat[i]:.5g} "
-                      f"(tolerance {ORT_ATOL} + {ORT_RTOL}*|ref|)")
+                      f"(tolerance {ORT_ATOL} + {ORT_RTOL}*|ref|)" + (f"; {where}" if where else ""))
   report.checks.append((f"{info.kind} vs onnxruntime", "ok", f"max |diff| {worst:.3g} (tol {ORT_ATOL}+{ORT_RTOL}*|ref|)"))
+
+
+def _locate(run) -> str | None:
+  """On the executing emulator: the first kernel whose output differs from the same kernel on the CPU."""
+  from tinygrad import Device
+  node = getattr(getattr(Device[Device.DEFAULT], "iface", None), "node", None)
+  if not getattr(node, "execute", False):
+    return None
+  from backend.emu.ir3.locate import first_divergent_kernel
+  return first_divergent_kernel(run, node)
 
 
 class _Steps:
@@ -162,7 +178,9 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target}")
     prog = DrivingProgram(vinfo, pinfo, nv, dev_name)
     report.timings["load"] = time.perf_counter() - t0
-    numerics = device != "QCOM"  # the emulated render node (level A) does not execute shaders
+    if device == "QCOM":
+      _execute_on_emulator(dev_name)
+    numerics = device != "QCOM" or emulator_executes(dev_name)
     rng = np.random.default_rng(42)
     if numerics:
       t = time.perf_counter()
@@ -190,7 +208,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
           raise UserError(f"the models produce non-finite outputs at step {i}; check the model files")
       report.checks.append(("jit == unjitted", "ok", f"outputs and 4 queues bit-exact over {len(STEP_PLAN)} steps, rotating buffers"))
     else:
-      report.checks.append(("jit == unjitted", "skip", "emulated render node runs no shaders; validated on the CPU artifact"))
+      report.checks.append(("jit == unjitted", "skip", "emulated render node at level A runs no shaders (EMU_EXEC=1 runs them); "
+                            "validated on the CPU artifact"))
     report.timings["jit check"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -198,10 +217,10 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     prog.reset_queues()
     policy_pkl, warp_pkl = pickle.dumps(policy_jit), pickle.dumps(warp_jit)
   # outside the capture flags, like the runtime's load
-  if numerics:
+  if device != "QCOM":
     _check_reload(policy_pkl, warp_pkl, steps, host_np, host_t, ref, report)
   else:
-    _check_replay(policy_pkl, warp_pkl, steps, host_np, host_t, dev_name, report)
+    _check_replay(policy_pkl, warp_pkl, steps, host_np, host_t, dev_name, report, ref if numerics else None)
   report.timings["pickle check"] = time.perf_counter() - t
 
   versions = art_mod.installed_versions()
@@ -242,9 +261,26 @@ def _check_reload(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
   report.checks.append(("pickle reload", "ok", f"policy + warp JITs reloaded: outputs bit-exact over {len(STEP_PLAN)} steps"))
 
 
-def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, host_t, dev_name: str, report: CompileReport) -> None:
-  """QCOM: the emulator computes nothing, so no numbers to compare; what can be proven is that the pickles, loaded back,
-  replay through the MSM submit path with every submit passing the node's (strict) BO validation and no GPU fault."""
+def _execute_on_emulator(dev_name: str) -> None:
+  from tinygrad import Device
+  node = getattr(getattr(Device[dev_name], "iface", None), "node", None)
+  if node is None:
+    raise UserError(f"internal error: QCOM capture opened {type(getattr(Device[dev_name], 'iface', None)).__name__}, not the emulated "
+                    "render node; please report it")
+  node.set_execute(True)
+
+
+def emulator_executes(dev_name: str) -> bool:
+  """True when dev_name runs on the emulated render node with IR3 execution (level B, EMU_EXEC=1)."""
+  from tinygrad import Device
+  node = getattr(getattr(Device[dev_name], "iface", None), "node", None)
+  return bool(getattr(node, "execute", False))
+
+
+def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, host_t, dev_name: str, report: CompileReport,
+                  ref: list[dict[str, np.ndarray]] | None = None) -> None:
+  """QCOM: the pickles, loaded back, replay through the MSM submit path with every submit passing the node's (strict) BO
+  validation and no GPU fault. With execution (ref given) their outputs must also equal the unjitted program's."""
   from tinygrad import Device
 
   from backend.msm import MSMFault, MSMTimeout
@@ -256,7 +292,7 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
   subs0, disp0, faults0 = node.stats.submits, node.stats.dispatches, len(node.stats.faults)
   try:
     policy, warp = art_mod.unpickle_programs(policy_pkl, warp_pkl)
-    _run_sequence(policy, warp, steps, host_np, host_t, {})
+    got = _run_sequence(policy, warp, steps, host_np, host_t, {})
     dev.synchronize()
   except (MSMFault, MSMTimeout, OSError) as e:
     raise UserError(f"internal error: the reloaded QCOM program does not replay on the emulated render node: {e}; please report it") from None
@@ -265,8 +301,15 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
     raise UserError(f"internal error: the reloaded QCOM program faulted on the emulated render node: {faults[0]}; please report it")
   if not subs or not disp:
     raise UserError("internal error: the reloaded QCOM program submitted no GPU work; please report it")
+  numbers = "no numerics: level A"
+  if ref is not None:
+    for i, (r, g) in enumerate(zip(ref, got)):
+      if "policy" in r and not (np.array_equal(r["vision"], g["vision"]) and np.array_equal(r["policy"], g["policy"])):
+        raise UserError(f"internal error: the reloaded QCOM program differs from the unjitted one at step {i} ({STEP_PLAN[i]}) on the "
+                        "emulated a630; please report it")
+    numbers = "outputs bit-exact with the unjitted program, executed (level B)"
   report.checks.append(("pickle replay (EMU)", "ok", f"reloaded JITs replayed {len(STEP_PLAN)} steps: {subs} submits, {disp} dispatches, "
-                        f"{'strict' if node.strict else 'NON-strict'} BO validation, 0 faults (no numerics: level A)"))
+                        f"{'strict' if node.strict else 'NON-strict'} BO validation, 0 faults ({numbers})"))
 
 
 def _check_out_dir(out_dir: Path) -> None:

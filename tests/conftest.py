@@ -6,6 +6,7 @@ so a single worker builds it. The artifacts are read-only for tests: to tamper, 
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -104,6 +105,28 @@ def cpu_artifact_1344(tiny_models, tmp_path_factory) -> Path:
   report = compile_artifact(tiny_models / "driving_vision.onnx", tiny_models / "driving_policy.onnx", (1344, 760), "CPU", out,
                             log=lambda *_: None)
   (out.parent / "compile.log").write_text(report.table())
+  return out
+
+
+@pytest.fixture(scope="session")
+def qcom_artifact(tiny_models, tmp_path_factory, cli) -> Path:
+  """QCOM artifact of the tiny models for 1928x1208, compiled through the CLI in a subprocess (log kept beside it).
+
+  Built once per run even when xdist spreads this module over workers (pytest 9.2 ignores xdist 3.8's xdist_group, which renames
+  `item._nodeid`): workers share the run's base directory and take turns on a lock; the first builds, the others reuse it."""
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = tmp_path_factory.getbasetemp().parent / "qcom_artifact"
+    root.mkdir(exist_ok=True)
+  else:
+    root = tmp_path_factory.mktemp("qcom_artifact")
+  out = root / "artifact"
+  with open(root / ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (out / "manifest.json").exists():
+      r = cli("compile", "--vision", tiny_models / "driving_vision.onnx", "--policy", tiny_models / "driving_policy.onnx",
+              "--camera", "1928x1208", "--device", "QCOM", "-o", out)
+      assert r.returncode == 0, f"modeld-msm compile --device QCOM failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+      (root / "compile.log").write_text(r.stdout)
   return out
 
 

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def doctor(*args, **env):
-  e = {k: v for k, v in os.environ.items() if not k.startswith("MSM_") and k != "DEV"}
+  e = {k: v for k, v in os.environ.items() if not k.startswith("MSM_") and k not in ("DEV", "EMU_EXEC")}
   return subprocess.run([sys.executable, "-m", "modeld_msm.cli", "doctor", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
                         env={**e, **env})
 
@@ -21,6 +21,15 @@ def test_doctor_emu_reports_node_and_round_trip():
   out = r.stdout
   assert "0x06030001 (Adreno 630)" in out and "[0x100000000, 0x200000000)" in out and "priorities             3" in out
   assert "priority 1 (MSM_PRIORITY), chunks of 16 kernels" in out and "3 round trips" in out and "fence 3 retired" in out
+  assert "level A" in out and "IR3 execution" not in out
+
+
+def test_doctor_emu_level_b_executes_a_kernel():
+  r = doctor("--emu", "--rounds", "1", EMU_EXEC="1")
+  assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+  assert "level B: executes the IR3 code" in r.stdout
+  line = next(ln for ln in r.stdout.splitlines() if "IR3 execution" in ln)
+  assert line.startswith("[ok") and "matches numpy" in line, line
 
 
 def test_doctor_rejects_bad_priority():

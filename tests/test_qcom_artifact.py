@@ -7,7 +7,6 @@ GEM lifetimes), not numbers. On a vamOS device run them with MODELD_DEV=MSM+QCOM
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gc
 import json
 import os
@@ -29,28 +28,6 @@ emu_only = pytest.mark.skipif(not EMU, reason="inspects the emulated render node
 INFO = nv12_info(1928, 1208)
 FRAME_NS = 50_000_000
 OPENPILOT_QCOM_FLAGS = {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "IMAGE": 2}
-
-
-@pytest.fixture(scope="session")
-def qcom_artifact(tiny_models, tmp_path_factory, cli) -> Path:
-  """QCOM artifact of the tiny models for 1928x1208, compiled through the CLI in a subprocess (log kept beside it).
-
-  Built once per run even when xdist spreads this module over workers (pytest 9.2 ignores xdist 3.8's xdist_group, which renames
-  `item._nodeid`): workers share the run's base directory and take turns on a lock; the first builds, the others reuse it."""
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    root = tmp_path_factory.getbasetemp().parent / "qcom_artifact"
-    root.mkdir(exist_ok=True)
-  else:
-    root = tmp_path_factory.mktemp("qcom_artifact")
-  out = root / "artifact"
-  with open(root / ".lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not (out / "manifest.json").exists():
-      r = cli("compile", "--vision", tiny_models / "driving_vision.onnx", "--policy", tiny_models / "driving_policy.onnx",
-              "--camera", "1928x1208", "--device", "QCOM", "-o", out)
-      assert r.returncode == 0, f"modeld-msm compile --device QCOM failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
-      (root / "compile.log").write_text(r.stdout)
-  return out
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """Executes decoded PM4 for one job at a time on the emulated ring: registers, memory effects, waits, dispatch records.
 
 Level A: a compute dispatch is recorded with its full state (shader, constants, descriptors, sizes) and handed to
-`on_dispatch` (where a later IR3 interpreter plugs in); it is not executed.
+`on_dispatch`; it is not executed. Level B (`shader_exec`, backend/emu/ir3): the recorded dispatch is then executed
+against the job's memory, in ring order, before the next packet.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class Memory(Protocol):
     ...   # raises GpuFault (unmapped, or not listed in strict mode)
   def check(self, iova: int, size: int, what: str) -> None:
     ...
+  def region(self, iova: int, what: str) -> tuple[int, int, int]:
+    ...   # (start iova, size, host address) of the BO holding iova; faults like view()
 
 
 _FUNCS: dict[int, Callable[[int, int], bool]] = {
@@ -68,9 +71,10 @@ class ExecState:
 
 
 class Executor:
-  def __init__(self, on_dispatch: Callable[[Dispatch], None], pointer_check: Callable[[bytes, str], None] | None = None):
+  def __init__(self, on_dispatch: Callable[[Dispatch], None], pointer_check: Callable[[bytes, str], None] | None = None,
+               shader_exec: Callable[[Dispatch, Memory], None] | None = None):
     self.regs: dict[int, int] = {}
-    self.on_dispatch, self.pointer_check = on_dispatch, pointer_check
+    self.on_dispatch, self.pointer_check, self.shader_exec = on_dispatch, pointer_check, shader_exec
 
   def run(self, st: ExecState, mem: Memory) -> bool:
     """Runs until the job ends (True) or parks on an unmet CP_WAIT_REG_MEM (False). Raises GpuFault / pm4.PM4Error."""
@@ -174,6 +178,9 @@ class Executor:
     lx, ly, lz = (pm4.field(nd0, f"A6XX_SP_CS_NDRANGE_0_LOCALSIZE{a}") + 1 for a in "XYZ")
     local = (lx, ly, lz)
     regs = {r: v for r, v in self.regs.items() if 0xa9b0 <= r <= 0xa9ff or 0xb980 <= r <= 0xb9ff or r == mesa.REG_A6XX_TPL1_CS_BORDER_COLOR_BASE}
-    self.on_dispatch(Dispatch(pm4.exec_cs_groups(p), local, shader_iova, shader, consts, textures, uavs,
-                              st.loads.get((mesa.SB6_CS_TEX, mesa.ST6_SHADER), (0, b""))[1] if nsamp else b"", regs,
-                              self._reg64(mesa.REG_A6XX_SP_CS_PVT_MEM_BASE)))
+    d = Dispatch(pm4.exec_cs_groups(p), local, shader_iova, shader, consts, textures, uavs,
+                 st.loads.get((mesa.SB6_CS_TEX, mesa.ST6_SHADER), (0, b""))[1] if nsamp else b"", regs,
+                 self._reg64(mesa.REG_A6XX_SP_CS_PVT_MEM_BASE))
+    self.on_dispatch(d)
+    if self.shader_exec is not None:
+      self.shader_exec(d, mem)

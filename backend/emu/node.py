@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import errno
+import gc
 import itertools
 import mmap
 import os
@@ -16,6 +17,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tinygrad.runtime.autogen import libc
 from tinygrad.runtime.support.hcq import FileIOInterface
@@ -114,6 +116,10 @@ class _JobMemory:
   def check(self, iova: int, size: int, what: str) -> None:
     self._find(iova, size, what)
 
+  def region(self, iova: int, what: str) -> tuple[int, int, int]:
+    gem, off = self._find(iova, 1, what)
+    return iova - off, gem.size, gem.host
+
   def view(self, iova: int, size: int, what: str) -> memoryview:
     gem, off = self._find(iova, size, what)
     return memoryview((ctypes.c_ubyte * size).from_address(gem.host + off)).cast("B")
@@ -131,10 +137,13 @@ class _JobMemory:
 
 
 class RenderNode(FileIOInterface):
-  """The file object the MSM interface talks to. Test hooks: inject(), inject_gpu_fault(), live_handles, submits, dispatches, stats."""
+  """The file object the MSM interface talks to. Test hooks: inject(), inject_gpu_fault(), live_handles, submits, dispatches, stats.
+
+  execute=True is level B: every dispatch's IR3 code runs (backend/emu/ir3) against the job's memory; `counts` keeps
+  the dynamic work of recent dispatches and `kernel_names` (shader IOVA -> name, filled by the QCOM program) names them."""
 
   def __init__(self, strict: bool = True, va_start: int = 0x1_0000_0000, va_size: int = 1 << 32, version: tuple[int, int, int] = (1, 12, 0),
-               chip_id: int = u.ADRENO_630_CHIP_ID, priorities: int = 3, history: int = 256):
+               chip_id: int = u.ADRENO_630_CHIP_ID, priorities: int = 3, history: int = 256, execute: bool = False):
     self.path, self.strict, self.version, self.chip_id, self.priorities = "emu:/dev/dri/renderD128", strict, version, chip_id, priorities
     # allocations start 3 GiB into a 4 GiB window so no pair of small integers in a constant buffer looks like a pointer
     self.window = IovaWindow(va_start, va_size, floor=(3 << 30) if va_size == 1 << 32 else 0)
@@ -148,9 +157,15 @@ class RenderNode(FileIOInterface):
     self._queues: dict[int, SubmitQueue] = {0: SubmitQueue(0, 1)}   # queue 0 exists at open, at the middle priority
     self._queue_ids = itertools.count(1)
     self._ring: collections.deque[Job] = collections.deque()
+    self._running = False
     self._injected: dict[str, Injected] = {}
     self._gpu_faults: list[str] = []
     self.executor = Executor(self._record_dispatch)
+    self.set_execute(execute)
+    self.kernel_names: dict[int, str] = {}
+    self.tamper: Callable[[Dispatch], Dispatch] | None = None   # test hook: rewrites a dispatch (shader, descriptors) before it runs
+    self.counts: collections.deque = collections.deque(maxlen=history)   # (kernel, ir3.execute.Counts) per executed dispatch
+    self.exec_total: Any = None   # ir3.execute.Counts summed over every executed dispatch
     self.submits: collections.deque[SubmitRecord] = collections.deque(maxlen=history)
     self.dispatches: collections.deque[Dispatch] = collections.deque(maxlen=history)
     self.stats = Stats()
@@ -228,8 +243,41 @@ class RenderNode(FileIOInterface):
     if self.on_dispatch is not None:
       self.on_dispatch(d)
 
+  def set_execute(self, on: bool) -> None:
+    """Level B on (execute the IR3 code of every dispatch) or off (level A: record only). Takes effect at the next dispatch."""
+    self.execute = on
+    self.executor.shader_exec = self._execute_dispatch if on else None
+
+  def _execute_dispatch(self, d: Dispatch, mem) -> None:
+    from backend.emu.ir3.execute import run_dispatch
+    name = self.kernel_names.get(d.shader_iova, "")
+    if self.tamper is not None:
+      d = self.tamper(d)
+    c = run_dispatch(d, mem, kernel=name)
+    self.counts.append((name, c))
+    if self.exec_total is None:
+      from backend.emu.ir3.execute import Counts
+      self.exec_total = Counts()
+    self.exec_total.add(c)
+
   def progress(self) -> None:
-    """Runs the ring in order until it is empty or its head job parks on an unmet wait."""
+    """Runs the ring in order until it is empty or its head job parks on an unmet wait.
+
+    The cyclic garbage collector is held off meanwhile: at level B a job runs long enough in Python for a collection to
+    start, and a tinygrad buffer finalized inside it would wait on this very ring (re-entering it from inside a job)."""
+    if self._running:
+      return
+    gc_on = gc.isenabled()
+    gc.disable()
+    self._running = True
+    try:
+      self._progress()
+    finally:
+      self._running = False
+      if gc_on:
+        gc.enable()
+
+  def _progress(self) -> None:
     while self._ring:
       job = self._ring[0]
       mem = _JobMemory(self, job)

@@ -55,7 +55,9 @@ def _interfaces(emu: bool) -> list[str]:
     usable.append("MSM")
   except RuntimeError as e:
     _line(None, "interface MSM", str(e))
-  _line(True if emu else None, "interface EMU", "emulated render node (level A: no compute)" if emu else "available with --emu")
+  level = ("level B: executes the IR3 code (EMU_EXEC=1)" if os.environ.get("EMU_EXEC", "0") not in ("", "0")
+           else "level A: submissions only, no compute (EMU_EXEC=1 executes)")
+  _line(True if emu else None, "interface EMU", f"emulated render node, {level}" if emu else "available with --emu")
   if emu:
     usable.append("EMU")
   return usable
@@ -94,7 +96,28 @@ def _node_report(iface_name: str, rounds: int) -> bool:
   except Exception as e:  # noqa: BLE001
     _line(False, "submit/fence", f"{type(e).__name__}: {e}")
     return False
+  node = getattr(it, "node", None)
+  if node is not None and node.execute:
+    return _exec_check(node)
   return True
+
+
+def _exec_check(node) -> bool:
+  """Level B: one small kernel compiled by tinymesa, executed on the emulated a630, checked against numpy."""
+  import numpy as np
+  from tinygrad import Tensor
+  try:
+    x = np.arange(-500, 500, dtype=np.float32) / 50
+    got = (Tensor(x, device="QCOM") * 3 + 1).exp2().numpy()
+    want = np.exp2(x * 3 + 1)
+    ok = bool(np.allclose(got, want, rtol=1e-5))
+    tot = node.exec_total
+    _line(ok, "IR3 execution", f"{tot.instrs} fiber-instructions over {tot.fibers} fibers, "
+                               f"{'matches' if ok else 'DIFFERS from'} numpy (max rel diff {np.max(np.abs(got / want - 1)):.2g})")
+    return ok
+  except Exception as e:  # noqa: BLE001
+    _line(False, "IR3 execution", f"{type(e).__name__}: {e}")
+    return False
 
 
 def run(args: argparse.Namespace) -> int:

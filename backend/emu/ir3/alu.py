@@ -1,0 +1,144 @@
+"""What the a6xx ALU instructions compute (cat1 moves/conversions, cat2/cat3 ALU, cat4 SFU), on numpy vectors of fibers.
+
+Values travel as raw register bits (uint32 for full registers, uint16 for half ones); each op views them in its own
+type. fp32/fp16 arithmetic is IEEE round-to-nearest-even as numpy does it, rounding once per instruction: mad rounds
+a*b+c once (computed exactly in the next wider type; for fp32 the double rounding through fp64 is off by at most 1 ulp
+in rare ties), fp16 goes through fp32 and rounds once per op. SFU results (cat4) are computed in fp32 and rounded to the
+destination: rcp/sqrt/rsq are correctly rounded here, exp2/log2/sin/cos are within 1 ulp of the true value; the
+a630's own SFU is documented at 1-2 ulp, so conformance against the CPU compares cat4 results with a 2-ulp bound.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+NP_TYPES: dict[str, Any] = {"f32": np.float32, "f16": np.float16, "u32": np.uint32, "s32": np.int32, "u16": np.uint16, "s16": np.int16,
+            "u8": np.uint8, "s8": np.int8, "b32": np.uint32, "b16": np.uint16}
+INT_LIMITS = {t: (np.iinfo(NP_TYPES[t]).min, np.iinfo(NP_TYPES[t]).max) for t in ("u32", "s32", "u16", "s16", "u8", "s8")}
+
+
+class Unimplemented(Exception):
+  """An opcode or mode the interpreter does not execute; the executor names the kernel and instruction."""
+
+
+def bits_as(bits: Any, half: bool, kind: str) -> Any:
+  """Register bits viewed as the op's type: kind 'f' float, 'u' unsigned, 's' signed (16-bit when half)."""
+  b = np.asarray(bits, np.uint16 if half else np.uint32)
+  if kind == "f":
+    return b.view(np.float16 if half else np.float32)
+  if kind == "s":
+    return b.view(np.int16 if half else np.int32)
+  return b
+
+
+def to_bits(v: Any, half: bool) -> Any:
+  """A typed result as register bits of the destination's width (floats convert, integers wrap)."""
+  v = np.asarray(v)
+  if v.dtype.kind == "f":
+    return v.astype(np.float16 if half else np.float32).view(np.uint16 if half else np.uint32)
+  if v.dtype == np.bool_:
+    return v.astype(np.uint16 if half else np.uint32)
+  return v.astype(np.uint16 if half else np.uint32, casting="unsafe")
+
+
+def convert(bits: Any, src_t: str, dst_t: str, src_half: bool) -> Any:
+  """cat1 mov/cov: src bits of type src_t -> a value of type dst_t. float->int truncates toward zero and saturates
+  (NaN -> 0), int->float and f32->f16 round to nearest even, int->int wraps or sign-extends by the source type."""
+  b: Any = np.asarray(bits, np.uint16 if src_half else np.uint32)
+  if src_t in ("u8", "s8"):
+    v = (b & 0xff).astype(np.uint8).view(np.int8) if src_t == "s8" else (b & 0xff).astype(np.uint8)
+  elif src_t in ("f16", "u16", "s16"):
+    v = b.astype(np.uint16).view(NP_TYPES[src_t])
+  else:
+    v = b.astype(np.uint32).view(NP_TYPES[src_t])
+  if src_t == dst_t:
+    return v
+  dt = NP_TYPES[dst_t]
+  if dst_t in ("f32", "f16"):
+    return v.astype(dt)
+  if v.dtype.kind == "f":
+    lo, hi = INT_LIMITS[dst_t]
+    t = np.trunc(v.astype(np.float64))
+    return np.where(np.isnan(t), 0, np.clip(t, lo, hi)).astype(dt)
+  return v.astype(np.int64).astype(dt, casting="unsafe")
+
+
+def _cmp(cond: str) -> Callable:
+  return {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal}[cond]
+
+
+def _sh(b):
+  return b & 31
+
+
+def _shl(a, b):
+  return np.left_shift(a, _sh(b).astype(a.dtype))
+
+
+def _shr(a, b):
+  return np.right_shift(a, _sh(b).astype(a.dtype))
+
+
+def _rndaz(a):
+  return np.copysign(np.floor(np.abs(a) + a.dtype.type(0.5)), a)
+
+
+def _clz(a):
+  out = np.full(a.shape, 32, np.uint32)
+  nz = a != 0
+  out[nz] = 31 - np.floor(np.log2(a[nz].astype(np.float64))).astype(np.uint32)
+  return out
+
+
+# cat2: op -> (source kind, function). Kinds: 'f' float (fp16 on half registers), 'u' unsigned, 's' signed, 'b' bits.
+CAT2: dict[str, tuple[str, Callable]] = {
+  "add.f": ("f", np.add), "mul.f": ("f", np.multiply), "min.f": ("f", np.fmin), "max.f": ("f", np.fmax),
+  "absneg.f": ("f", lambda a: a), "floor.f": ("f", np.floor), "ceil.f": ("f", np.ceil), "rndne.f": ("f", np.rint),
+  "rndaz.f": ("f", _rndaz), "trunc.f": ("f", np.trunc), "sign.f": ("f", np.sign),
+  "add.u": ("u", np.add), "add.s": ("s", np.add), "sub.u": ("u", np.subtract), "sub.s": ("s", np.subtract),
+  "min.u": ("u", np.minimum), "max.u": ("u", np.maximum), "min.s": ("s", np.minimum), "max.s": ("s", np.maximum),
+  "absneg.s": ("s", lambda a: a), "and.b": ("u", np.bitwise_and), "or.b": ("u", np.bitwise_or), "xor.b": ("u", np.bitwise_xor),
+  "not.b": ("u", np.invert), "shl.b": ("u", _shl), "shr.b": ("u", _shr), "ashr.b": ("s", lambda a, b: np.right_shift(a, _sh(b).astype(a.dtype))),
+  "mull.u": ("u", lambda a, b: (a & 0xffff).astype(np.uint32) * (b & 0xffff).astype(np.uint32)),
+  "mul.u24": ("u", lambda a, b: (a & 0xffffff).astype(np.uint32) * (b & 0xffffff).astype(np.uint32)),
+  "mul.s24": ("s", lambda a, b: ((a << 8) >> 8).astype(np.int32) * ((b << 8) >> 8).astype(np.int32)),
+  "clz.b": ("u", _clz), "bfrev.b": ("u", lambda a: np.array([int(f"{int(x):032b}"[::-1], 2) for x in np.atleast_1d(a)], np.uint32)),
+  "cbits.b": ("u", lambda a: np.array([bin(int(x)).count("1") for x in np.atleast_1d(a)], np.uint32)),
+}
+CMPS = {"cmps.f": "f", "cmps.u": "u", "cmps.s": "s"}
+
+
+def cat2(op: str, cond: str, srcs: list[np.ndarray], kind: str) -> np.ndarray:
+  if op in CMPS:
+    return _cmp(cond)(srcs[0], srcs[1])
+  return CAT2[op][1](*srcs)
+
+
+def _madsh(a, b, c):
+  """madsh.m16: the cross term of a 32x32 multiply split in 16-bit halves: (lo16(a) * hi16(b)) << 16, plus c."""
+  return ((a & 0xffff) * (b >> 16) << 16) + c
+
+
+# cat3: op -> (source kind, function of the three typed sources)
+CAT3: dict[str, tuple[str, Callable]] = {
+  "mad.f32": ("f", lambda a, b, c: (a.astype(np.float64) * b + c).astype(np.float32)),
+  "mad.f16": ("f", lambda a, b, c: (a.astype(np.float32) * b + c).astype(np.float16)),
+  "madsh.m16": ("u", _madsh),
+  "mad.u16": ("u", lambda a, b, c: (a & 0xffff) * (b & 0xffff) + c),
+  "mad.s16": ("s", lambda a, b, c: ((a << 16) >> 16) * ((b << 16) >> 16) + c),
+  "mad.u24": ("u", lambda a, b, c: (a & 0xffffff) * (b & 0xffffff) + c),
+  "mad.s24": ("s", lambda a, b, c: ((a << 8) >> 8) * ((b << 8) >> 8) + c),
+  "sel.b32": ("u", lambda a, cond, b: np.where(cond != 0, a, b)), "sel.b16": ("u", lambda a, cond, b: np.where(cond != 0, a, b)),
+  "shrm": ("u", lambda a, b, c: _shr(b, a) & c), "shlm": ("u", lambda a, b, c: _shl(b, a) & c),
+  "shrg": ("u", lambda a, b, c: _shr(b, a) | c), "shlg": ("u", lambda a, b, c: _shl(b, a) | c),
+  "andg": ("u", lambda a, b, c: (b & a) | c),
+}
+
+# cat4 (SFU), computed in fp32; the h-prefixed forms are the fp16 ones (result rounded to the half destination)
+CAT4: dict[str, Callable] = {
+  "rcp": lambda a: np.float32(1) / a, "rsq": lambda a: np.float32(1) / np.sqrt(a), "sqrt": np.sqrt,
+  "log2": np.log2, "exp2": np.exp2, "sin": np.sin, "cos": np.cos,
+}
+CAT4.update({"h" + k: v for k, v in list(CAT4.items())})

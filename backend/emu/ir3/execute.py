@@ -1,0 +1,463 @@
+"""Level B: runs one CP_EXEC_CS dispatch of IR3 machine code over all its fibers (SIMT, vectorised with numpy).
+
+Every fiber of a batch of whole workgroups is one lane of a numpy vector; an instruction runs across all the lanes
+that are at its PC at once. Control flow is per lane: each lane has a PC, the lowest PC among live lanes runs next
+(divergent branches and loops reconverge by themselves), and predicated blocks (predt/predf/prede) narrow the mask.
+Barriers are met by construction: a lane that reaches one waits until every lane below it has caught up.
+
+Registers: a full file (r0.x..r63.w, with r48 holding the workgroup id) and a half file. With SP_CS_CNTL_0.MERGEDREGS
+the half file aliases the full one as the a6xx documents (hrN.c is the low/high 16 bits of full scalar (N*4+c)/2);
+tinygrad leaves it off, so the files are separate. Memory: global through the GEM objects by IOVA (`Memory.region`,
+which faults on unmapped or, in strict mode, unlisted BOs), shared per workgroup, private per fiber.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tinygrad.runtime.autogen import mesa
+
+from backend.emu.executor import Dispatch, GpuFault
+from backend.emu.ir3 import alu
+from backend.emu.ir3.decode import REG_A0, DecodeError, Instr, Operand, Program, decode
+from backend.emu.ir3.memory import GlobalMemory, Images, load_bytes, store_bytes
+
+NREGS = 64 * 4
+DEFAULT_BATCH = 1 << 14   # fibers run together (whole workgroups); bounds the register file to ~16 MiB
+
+
+class ShaderFault(GpuFault):
+  """A fault or an unimplemented instruction while executing a kernel: names the kernel and the instruction."""
+
+
+@dataclass
+class Counts:
+  """Dynamic work of one dispatch, per fiber-instruction: what the timeline's cost model is fed."""
+  fibers: int = 0
+  instrs: int = 0          # fiber-instructions, all categories
+  alu: int = 0             # cat1-3
+  sfu: int = 0             # cat4
+  tex: int = 0             # cat5 texel fetches (per component group)
+  mem_load: int = 0        # bytes read by cat6
+  mem_store: int = 0       # bytes written by cat6
+  seconds: float = 0.0
+  by_category: dict[int, int] = field(default_factory=dict)
+
+  def add(self, other: Counts) -> None:
+    for k in ("fibers", "instrs", "alu", "sfu", "tex", "mem_load", "mem_store", "seconds"):
+      setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+def _field(v: int, name: str) -> int:
+  return (v & getattr(mesa, f"{name}__MASK")) >> getattr(mesa, f"{name}__SHIFT")
+
+
+class Lanes:
+  """Register state of one batch of fibers."""
+
+  def __init__(self, n: int, merged: bool, consts: np.ndarray):
+    self.n = n
+    self.full = np.zeros((NREGS, n), np.uint32)
+    self.half = self.full.view(np.uint16).reshape(NREGS, n, 2) if merged else np.zeros((NREGS, n), np.uint16)
+    self.merged = merged
+    self.pred = np.zeros((4, n), np.bool_)
+    self.consts = consts
+
+  def hrow(self, h: int) -> np.ndarray:
+    return self.half[h >> 1, :, h & 1] if self.merged else self.half[h]
+
+  def read(self, o: Operand, step: int, half_ctx: bool, consecutive: bool = False, kind: str = "u") -> Any:
+    """Raw bits of an operand for iteration `step` of a (rptN) instruction (or component `step` of a vector operand when
+    `consecutive`); a scalar (0-d) for consts/immediates. A half read of the (32-bit) const file is demoted as
+    SP_MODE_CNTL.CONSTANT_DEMOTION_ENABLE (set by tinygrad's QCOM runtime) asks: fp32 -> fp16 for float ops, else the low 16 bits."""
+    k = o.kind
+    idx = o.index + (step if (o.rpt or consecutive) else 0)
+    if k == "r":
+      if idx >= REG_A0:
+        raise alu.Unimplemented(f"reading special register {o.render()}")
+      return self.hrow(idx) if o.half else self.full[idx]
+    if k == "c":
+      v = self.consts[idx]
+      if not o.half:
+        return v
+      return np.float32(v.view(np.float32)).astype(np.float16).view(np.uint16) if kind == "f" else np.uint16(v & 0xffff)
+    if k == "imm":
+      return np.uint16(o.index & 0xffff) if (half_ctx or o.half) else np.uint32(o.index & 0xffffffff)
+    if k == "fimm":
+      return (np.float16(o.fval).view(np.uint16) if (half_ctx or o.half) else np.float32(o.fval).view(np.uint32))
+    if k == "p":
+      return self.pred[o.index].astype(np.uint32)
+    raise alu.Unimplemented(f"operand {o.render()}")
+
+  def write(self, o: Operand, step: int, bits, mask: np.ndarray | None) -> None:
+    idx = o.index + step
+    if o.kind == "p":
+      row = self.pred[idx]
+      bits = np.asarray(bits) != 0
+    elif o.kind != "r" or idx >= REG_A0:
+      raise alu.Unimplemented(f"writing {o.render()}")
+    else:
+      row = self.hrow(idx) if o.half else self.full[idx]
+      bits = np.asarray(bits, row.dtype) if np.asarray(bits).dtype != row.dtype else bits
+    if mask is None:
+      row[...] = bits
+    else:
+      np.copyto(row, bits, where=mask, casting="unsafe")
+
+
+class Batch:
+  """One batch of whole workgroups through the program."""
+
+  def __init__(self, prog: Program, d: Dispatch, consts: np.ndarray, gmem: GlobalMemory, images: Images, wg_ids: np.ndarray,
+               counts: Counts, kernel: str):
+    lx, ly, lz = d.local_size
+    wsize = lx * ly * lz
+    nwg = len(wg_ids)
+    self.n = n = nwg * wsize
+    self.prog, self.d, self.gmem, self.images, self.counts, self.kernel = prog, d, gmem, images, counts, kernel
+    cntl0 = d.regs.get(mesa.REG_A6XX_SP_CS_CNTL_0, 0)
+    self.L = L = Lanes(n, bool(cntl0 & mesa.A6XX_SP_CS_CNTL_0_MERGEDREGS), consts)
+    cfg = d.regs.get(mesa.REG_A6XX_SP_CS_CONST_CONFIG_0, 0xfcfcfcfc)
+    lid_reg, wgid_reg = _field(cfg, "A6XX_SP_CS_CONST_CONFIG_0_LOCALIDREGID"), _field(cfg, "A6XX_SP_CS_CONST_CONFIG_0_WGIDCONSTID")
+    local = np.arange(wsize, dtype=np.uint32)
+    lid = (local % lx, (local // lx) % ly, local // (lx * ly))
+    for c in range(3):
+      if lid_reg != 0xfc:
+        L.full[lid_reg + c] = np.tile(lid[c], nwg)
+      if wgid_reg != 0xfc:
+        L.full[wgid_reg + c] = np.repeat(wg_ids[:, c].astype(np.uint32), wsize)
+    self.wsize = wsize
+    cntl1 = d.regs.get(mesa.REG_A6XX_SP_CS_CNTL_1, 0)
+    self.shared_bytes = (_field(cntl1, "A6XX_SP_CS_CNTL_1_SHARED_SIZE") + 1) * 1024
+    self.shared = np.zeros(nwg * self.shared_bytes, np.uint8)
+    self.lane_wg = np.repeat(np.arange(nwg, dtype=np.int64), wsize)
+    pvt = d.regs.get(mesa.REG_A6XX_SP_CS_PVT_MEM_PARAM, 0)
+    self.pvt_bytes = _field(pvt, "A6XX_SP_CS_PVT_MEM_PARAM_MEMSIZEPERITEM") * 512
+    self.private = np.zeros(n * self.pvt_bytes, np.uint8) if self.pvt_bytes else np.zeros(0, np.uint8)
+    self.lane_ids = np.arange(n, dtype=np.int64)
+
+  # *** the SIMT loop ***
+
+  def run(self) -> None:
+    prog, n = self.prog, self.n
+    alive = np.ones(n, np.bool_)
+    pcs: np.ndarray | None = None       # per-lane PCs, only while lanes diverge
+    pc = 0
+    pred_stack: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (lanes at predt, p0.x at predt, lanes enabled now)
+    handlers = _handlers(prog)
+    while True:
+      if pcs is None:
+        at = alive if not alive.all() else None
+      else:
+        live = pcs[alive]
+        if live.size == 0:
+          return
+        pc = int(live.min())
+        at = alive & (pcs == pc)
+        if at.sum() == live.size:      # every live lane is here again: back to one PC
+          pcs, at = None, (alive if not alive.all() else None)
+      if pc >= len(prog):
+        raise self.fault(len(prog) - 1, "ran past the end of the program (no 'end')")
+      ins = prog.instrs[pc]
+      mask = at
+      if pred_stack:
+        mask = pred_stack[-1][2] if mask is None else (mask & pred_stack[-1][2])
+      cat = ins.cat
+      nxt = pc + 1
+      active = self.n if mask is None else int(np.count_nonzero(mask))
+      self.counts.instrs += active * (ins.repeat + 1)
+      self.counts.by_category[cat] = self.counts.by_category.get(cat, 0) + active * (ins.repeat + 1)
+      try:
+        if cat == 0 or cat == 7:
+          op = ins.op
+          if op == "end":
+            if at is None:
+              return
+            alive &= ~at
+            if not alive.any():
+              return
+          elif op in ("nop", "bar.g", "bar", "fence", "fence.g.l.r.w") or op.startswith("fence") or op.startswith("bar"):
+            pass
+          elif op == "jump":
+            nxt = ins.target  # type: ignore[assignment]
+          elif op in ("br", "brao", "braa"):
+            cond = self._branch_cond(ins)
+            taken = cond if mask is None else (cond & mask)
+            sel = mask if mask is not None else np.ones(n, np.bool_)
+            n_taken, n_sel = int(np.count_nonzero(taken)), int(np.count_nonzero(sel))
+            if n_taken == n_sel:
+              nxt = ins.target  # type: ignore[assignment]
+            elif n_taken:
+              if pcs is None:
+                pcs = np.full(n, pc, np.int64)
+              pcs[sel] = pc + 1
+              pcs[taken] = ins.target
+              continue
+          elif op == "predt":
+            entry = np.ones(n, np.bool_) if mask is None else mask.copy()
+            cond = self.L.pred[0].copy()
+            pred_stack.append((entry, cond, entry & cond))
+          elif op == "predf":
+            if not pred_stack:
+              raise alu.Unimplemented("predf without predt")
+            entry, cond, _ = pred_stack.pop()
+            pred_stack.append((entry, cond, entry & ~cond))
+          elif op == "prede":
+            if not pred_stack:
+              raise alu.Unimplemented("prede without predt")
+            pred_stack.pop()
+          else:
+            raise alu.Unimplemented(f"flow instruction '{op}'")
+        else:
+          handlers[pc](self, ins, mask)
+      except alu.Unimplemented as e:
+        raise self.fault(pc, f"not implemented: {e}") from None
+      except GpuFault as e:
+        if isinstance(e, ShaderFault):
+          raise
+        raise self.fault(pc, str(e)) from None
+      if pcs is None:
+        pc = nxt
+      else:
+        pcs[at] = nxt
+
+  def fault(self, pc: int, msg: str) -> ShaderFault:
+    return ShaderFault(f"kernel {self.kernel}: instruction {pc} '{self.prog.instrs[pc].text}': {msg}\n{self.prog.listing(pc, 3)}")
+
+  def _branch_cond(self, ins: Instr) -> np.ndarray:
+    conds = [self.L.pred[o.index] ^ o.invert for o in ins.srcs if o.kind == "p"]
+    if ins.op == "br":
+      if not conds:
+        raise alu.Unimplemented("br without a predicate")
+      return conds[0]
+    return (conds[0] | conds[1]) if ins.op == "brao" else (conds[0] & conds[1])
+
+
+# *** per-category handlers (chosen once per instruction, cached per program) ***
+
+def _is_half(o: Operand) -> bool:
+  return o.half
+
+
+def _typed(L: Lanes, o: Operand, step: int, half: bool, kind: str) -> np.ndarray:
+  v = alu.bits_as(L.read(o, step, half, kind=kind), half, kind)
+  if o.abs:
+    v = np.abs(v)
+  if o.neg:
+    v = -v
+  return v
+
+
+def _cat1(b: Batch, ins: Instr, mask) -> None:
+  L = b.L
+  st, dt = ins.types
+  if ins.op == "swz":
+    vals = [np.array(L.read(s, 0, s.half), copy=True) for s in ins.srcs]   # a swap: read both before writing either
+    for dst, v in zip(ins.dst, vals):
+      L.write(dst, 0, v, mask)
+    return
+  if ins.op not in ("mov", "cov"):
+    raise alu.Unimplemented(f"cat1 '{ins.op}'")
+  dst, src = ins.dst[0], ins.srcs[0]
+  for s in range(ins.repeat + 1):
+    res: Any
+    if src.kind == "fimm":
+      fv = np.float32(src.fval) if st == "f32" else np.float16(src.fval)
+      res = fv.astype(alu.NP_TYPES[dt]) if dt != st else fv
+    elif src.kind == "imm":
+      res = alu.convert(np.uint32(src.index & 0xffffffff), st, dt, False)
+    else:
+      res = alu.convert(L.read(src, s, src.half), st, dt, src.half)
+    L.write(dst, s, alu.to_bits(res, dst.half) if dst.kind == "r" else res, mask)
+
+
+def _cat2(b: Batch, ins: Instr, mask) -> None:
+  L = b.L
+  op = ins.op
+  kind = alu.CMPS.get(op) or (alu.CAT2[op][0] if op in alu.CAT2 else None)
+  if kind is None:
+    raise alu.Unimplemented(f"cat2 '{op}'")
+  half = any(s.kind == "r" and s.half for s in ins.srcs) or (op not in alu.CMPS and ins.dst[0].half)
+  dst = ins.dst[0]
+  for s in range(ins.repeat + 1):
+    srcs = [_typed(L, o, s, half, kind) for o in ins.srcs]
+    res = alu.cat2(op, ins.cond, srcs, kind)
+    if "sat" in ins.flags and kind == "f":
+      res = np.clip(res, 0, 1)
+    if dst.kind == "p":
+      L.write(dst, s, res, mask)
+    else:
+      L.write(dst, s, alu.to_bits(res, dst.half), mask)
+
+
+def _cat3(b: Batch, ins: Instr, mask) -> None:
+  L = b.L
+  if ins.op not in alu.CAT3:
+    raise alu.Unimplemented(f"cat3 '{ins.op}'")
+  kind, fn = alu.CAT3[ins.op]
+  dst = ins.dst[0]
+  half = dst.half or any(o.kind == "r" and o.half for o in ins.srcs)
+  for s in range(ins.repeat + 1):
+    srcs = [_typed(L, o, s, o.half if o.kind == "r" else half, kind) for o in ins.srcs]
+    res = fn(*srcs)
+    if "sat" in ins.flags and kind == "f":
+      res = np.clip(res, 0, 1)
+    L.write(dst, s, alu.to_bits(res, dst.half), mask)
+
+
+def _cat4(b: Batch, ins: Instr, mask) -> None:
+  L = b.L
+  if ins.op not in alu.CAT4:
+    raise alu.Unimplemented(f"cat4 '{ins.op}'")
+  dst, src = ins.dst[0], ins.srcs[0]
+  for s in range(ins.repeat + 1):
+    v = _typed(L, src, s, src.half, "f").astype(np.float32)
+    L.write(dst, s, alu.to_bits(alu.CAT4[ins.op](v), dst.half), mask)
+    b.counts.sfu += b.n if mask is None else int(np.count_nonzero(mask))
+
+
+def _cat5(b: Batch, ins: Instr, mask) -> None:
+  if ins.op not in ("isam",) or any(m in ins.extra["mods"] for m in ("3d", "a", "o", "p", "s2en")):
+    raise alu.Unimplemented(f"texture instruction '{ins.name}'")
+  L = b.L
+  dst, coord = ins.dst[0], ins.srcs[0]
+  tex = next(o.index for o in ins.srcs if o.kind == "tex")
+  x = L.read(coord, 0, False).view(np.int32)
+  y = L.read(Operand("r", coord.index + 1), 0, False).view(np.int32)
+  texels = b.images.fetch(tex, x, y, mask)              # (4, n) float32
+  comp = 0
+  for c in range(4):
+    if ins.extra["wrmask"] >> c & 1:
+      v = texels[c].astype(np.float16) if ins.types[0] == "f16" else texels[c].astype(np.float32)
+      L.write(dst, comp, v.view(np.uint16 if dst.half else np.uint32) if dst.half == (ins.types[0] == "f16") else alu.to_bits(v, dst.half), mask)
+      comp += 1
+  b.counts.tex += b.n if mask is None else int(np.count_nonzero(mask))
+
+
+_MEM_BYTES = {"u32": 4, "s32": 4, "f32": 4, "b32": 4, "u16": 2, "s16": 2, "f16": 2, "b16": 2, "u8": 1, "s8": 1}
+
+
+def _address(L: Lanes, o: Operand) -> np.ndarray:
+  lo = L.read(o.base, 0, False).astype(np.uint64)  # type: ignore[arg-type]
+  hi = L.read(Operand("r", o.base.index + 1), 0, False).astype(np.uint64)  # type: ignore[union-attr]
+  return (lo | (hi << np.uint64(32))) + np.uint64(o.offset & 0xffffffffffffffff)
+
+
+def _cat6(b: Batch, ins: Instr, mask) -> None:
+  L = b.L
+  op = ins.op
+  sel = np.ones(b.n, np.bool_) if mask is None else mask
+  if op in ("ldg", "stg", "ldl", "stl", "ldp", "stp"):
+    tp = ins.types[0]
+    size = _MEM_BYTES[tp]
+    memop = ins.srcs[0]
+    if op in ("ldg", "stg"):
+      addr = _address(L, memop)[sel]
+      loader, storer = b.gmem.load, b.gmem.store
+    else:
+      base = L.read(memop.base, 0, False).astype(np.int64)  # type: ignore[arg-type]
+      off = (np.broadcast_to(base, (b.n,))[sel] + memop.offset).astype(np.int64)
+      if op in ("ldl", "stl"):
+        buf, limit, lane_base = b.shared, b.shared_bytes, b.lane_wg[sel] * b.shared_bytes
+      else:
+        buf, limit, lane_base = b.private, b.pvt_bytes, b.lane_ids[sel] * b.pvt_bytes
+      if off.size and (off.min() < 0 or off.max() + size * ins.count > limit):
+        where = "shared" if op in ("ldl", "stl") else "private"
+        raise GpuFault(f"{where} memory access at offset {int(off.max())} + {size * ins.count} bytes outside the {limit}-byte {where} window")
+      addr = lane_base + off
+
+      def loader(a, nbytes, _buf=buf):
+        return load_bytes(_buf, a, nbytes)
+
+      def storer(a, data, _buf=buf):
+        store_bytes(_buf, a, data)
+    if op.startswith("ld"):
+      dst = ins.dst[0]
+      raw = loader(addr, size * ins.count)          # (count*size) bytes per lane, uint8 (m, count*size)
+      b.counts.mem_load += raw.size
+      for c in range(ins.count):
+        chunk = raw[:, c * size:(c + 1) * size]
+        val = _from_bytes(chunk, tp)
+        full = np.zeros(b.n, np.uint16 if dst.half else np.uint32)
+        full[sel] = val
+        L.write(dst, c, full, mask)
+    else:
+      src = ins.srcs[1]
+      cols = []
+      for c in range(ins.count):
+        bits = np.broadcast_to(L.read(src, c, src.half, consecutive=src.kind in ("r", "c")), (b.n,))[sel]
+        cols.append(_to_bytes(bits, tp))
+      data = np.concatenate(cols, axis=1) if cols else np.zeros((0, 0), np.uint8)
+      b.counts.mem_store += data.size
+      storer(addr, data)
+    return
+  if op == "stib.b":
+    if not ins.extra.get("typed") or ins.extra.get("dim") != "2d" or ins.extra.get("slot_mode") != "imm":
+      raise alu.Unimplemented(f"image store '{ins.name}'")
+    vo, co, so = ins.srcs
+    x = L.read(co, 0, False).view(np.int32)
+    y = L.read(Operand("r", co.index + 1), 0, False).view(np.int32)
+    comps = [alu.bits_as(L.read(Operand("r", vo.index + c, vo.half), 0, vo.half), vo.half, "f").astype(np.float32)
+             for c in range(ins.count)]
+    b.counts.mem_store += b.images.store(so.index, x, y, comps, sel)
+    return
+  raise alu.Unimplemented(f"memory instruction '{ins.name}'")
+
+
+def _from_bytes(chunk: np.ndarray, tp: str) -> np.ndarray:
+  size = chunk.shape[1]
+  v = np.ascontiguousarray(chunk).view({1: np.uint8, 2: np.uint16, 4: np.uint32}[size]).reshape(-1)
+  if tp == "s8":
+    return v.view(np.int8).astype(np.int32).astype(np.uint32)
+  if tp == "s16":
+    return v.view(np.int16).astype(np.int32).astype(np.uint32)
+  return v
+
+
+def _to_bytes(bits: np.ndarray, tp: str) -> np.ndarray:
+  size = _MEM_BYTES[tp]
+  v = np.ascontiguousarray(bits).astype({1: np.uint8, 2: np.uint16, 4: np.uint32}[size], casting="unsafe")
+  return v.view(np.uint8).reshape(-1, size)
+
+
+_CAT_HANDLERS: dict[int, Callable] = {1: _cat1, 2: _cat2, 3: _cat3, 4: _cat4, 5: _cat5, 6: _cat6}
+_HANDLER_CACHE: dict[str, list[Callable]] = {}
+
+
+def _handlers(prog: Program) -> list[Callable]:
+  if (h := _HANDLER_CACHE.get(prog.digest)) is None:
+    h = _HANDLER_CACHE[prog.digest] = [_CAT_HANDLERS.get(i.cat, _unknown) for i in prog.instrs]
+  return h
+
+
+def _unknown(b: Batch, ins: Instr, mask) -> None:
+  raise alu.Unimplemented(f"category {ins.cat} instruction '{ins.name}'")
+
+
+# *** one dispatch ***
+
+def run_dispatch(d: Dispatch, mem, kernel: str = "", batch: int = DEFAULT_BATCH) -> Counts:
+  """Executes a recorded dispatch against the job's memory; raises ShaderFault (a GpuFault) naming kernel and instruction."""
+  t0 = time.perf_counter()
+  try:
+    prog = decode(d.shader)
+  except DecodeError as e:
+    raise ShaderFault(f"kernel {kernel or hex(d.shader_iova)}: {e}") from None
+  kernel = kernel or f"shader@{d.shader_iova:#x} ({prog.digest})"
+  consts = np.frombuffer(d.consts.ljust(4096, b"\0")[:4096], np.uint32).copy()
+  gmem = GlobalMemory(mem)
+  images = Images(d, gmem)
+  gx, gy, gz = d.groups
+  wsize = int(np.prod(d.local_size))
+  wg = np.stack(np.meshgrid(np.arange(gx), np.arange(gy), np.arange(gz), indexing="ij"), -1).transpose(2, 1, 0, 3).reshape(-1, 3)
+  per = max(1, batch // max(1, wsize))
+  counts = Counts(fibers=len(wg) * wsize)
+  with np.errstate(all="ignore"):
+    for i in range(0, len(wg), per):
+      Batch(prog, d, consts, gmem, images, wg[i:i + per], counts, kernel).run()
+  counts.alu = sum(v for c, v in counts.by_category.items() if c in (1, 2, 3))
+  counts.seconds = time.perf_counter() - t0
+  return counts

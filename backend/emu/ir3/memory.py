@@ -1,0 +1,158 @@
+"""Memory as a dispatch sees it: global memory through the GEM objects by IOVA, and 2D images through their 64-byte
+texture/UAV descriptors (format, size, pitch, base IOVA), both for whole vectors of lanes at once."""
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from tinygrad.runtime.autogen import mesa
+
+from backend.emu.executor import Dispatch, GpuFault
+
+
+def load_bytes(buf: np.ndarray, offs: np.ndarray, nbytes: int) -> np.ndarray:
+  """(m, nbytes) bytes of `buf` at byte offsets `offs` (dword-aligned loads take the fast path)."""
+  offs = np.asarray(offs, np.int64)
+  if nbytes % 4 == 0 and buf.size % 4 == 0 and not (offs & 3).any():
+    words = buf.view(np.uint32)
+    idx = (offs >> 2)[:, None] + np.arange(nbytes // 4)
+    return words[idx].view(np.uint8).reshape(len(offs), nbytes)
+  return buf[offs[:, None] + np.arange(nbytes)]
+
+
+def store_bytes(buf: np.ndarray, offs: np.ndarray, data: np.ndarray) -> None:
+  offs = np.asarray(offs, np.int64)
+  nbytes = data.shape[1] if data.ndim == 2 else 0
+  if not nbytes or not len(offs):
+    return
+  if nbytes % 4 == 0 and buf.size % 4 == 0 and not (offs & 3).any():
+    buf.view(np.uint32)[(offs >> 2)[:, None] + np.arange(nbytes // 4)] = np.ascontiguousarray(data).view(np.uint32)
+  else:
+    buf[offs[:, None] + np.arange(nbytes)] = data
+
+
+class GlobalMemory:
+  """GEM objects of the running job as numpy byte arrays, found by IOVA through the node (which faults on an unmapped
+  address, and in strict mode on a BO the submit did not list)."""
+
+  def __init__(self, mem):
+    self.mem = mem
+    self._arrays: dict[int, tuple[int, np.ndarray]] = {}   # start iova -> (size, bytes)
+
+  def _region(self, iova: int, what: str) -> tuple[int, np.ndarray]:
+    start, size, host = self.mem.region(iova, what)
+    if (hit := self._arrays.get(start)) is None:
+      hit = self._arrays[start] = (size, np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(host)))
+    return start, hit[1]
+
+  def _groups(self, addr: np.ndarray, nbytes: int, what: str):
+    """Yields (lane selection, BO bytes, offsets) covering every lane; one group when all lanes hit one BO."""
+    addr = np.asarray(addr, np.uint64)
+    if not addr.size:
+      return
+    left = np.ones(addr.size, np.bool_)
+    while left.any():
+      lo = int(addr[left].min())
+      start, arr = self._region(lo, what)
+      inside = left & (addr >= np.uint64(start)) & (addr < np.uint64(start + arr.size))
+      offs = (addr[inside] - np.uint64(start)).astype(np.int64)
+      if int(offs.max()) + nbytes > arr.size:
+        bad = int(addr[inside][np.argmax(offs)])
+        raise GpuFault(f"{what} at {bad:#x}+{nbytes} runs past the end of its BO (ends at {start + arr.size:#x})")
+      yield inside, arr, offs
+      left &= ~inside
+
+  def load(self, addr: np.ndarray, nbytes: int) -> np.ndarray:
+    out = np.zeros((len(addr), nbytes), np.uint8)
+    for sel, arr, offs in self._groups(addr, nbytes, "ldg address"):
+      out[sel] = load_bytes(arr, offs, nbytes)
+    return out
+
+  def store(self, addr: np.ndarray, data: np.ndarray) -> None:
+    for sel, arr, offs in self._groups(addr, data.shape[1], "stg address"):
+      store_bytes(arr, offs, data[sel])
+
+  def array(self, iova: int, nbytes: int, what: str) -> np.ndarray:
+    start, arr = self._region(iova, what)
+    if iova - start + nbytes > arr.size:
+      raise GpuFault(f"{what} at {iova:#x}+{nbytes:#x} runs past the end of its BO")
+    return arr[iova - start:iova - start + nbytes]
+
+
+def _f(v: int, name: str) -> int:
+  return (v & getattr(mesa, f"{name}__MASK")) >> getattr(mesa, f"{name}__SHIFT")
+
+
+# texel formats the QCOM runtime writes into descriptors: (bytes per texel, numpy component type)
+FORMATS = {mesa.FMT6_32_32_32_32_FLOAT: (16, np.float32), mesa.FMT6_16_16_16_16_FLOAT: (8, np.float16)}
+
+
+@dataclass(frozen=True)
+class Image:
+  width: int
+  height: int
+  pitch: int
+  base: int
+  fmt: int
+  texel: int
+  dtype: type
+  data: np.ndarray     # the image's bytes (height * pitch), a view into its BO
+
+
+def parse_descriptor(desc: bytes, gmem: GlobalMemory, what: str) -> Image:
+  d = struct.unpack("<16I", desc[:64])
+  fmt = _f(d[0], "A6XX_TEX_CONST_0_FMT")
+  if fmt not in FORMATS:
+    raise GpuFault(f"{what}: texel format {fmt} is not emulated (RGBA32F {mesa.FMT6_32_32_32_32_FLOAT}, RGBA16F {mesa.FMT6_16_16_16_16_FLOAT})")
+  if _f(d[0], "A6XX_TEX_CONST_0_TILE_MODE"):
+    raise GpuFault(f"{what}: tiled images are not emulated")
+  w, h = _f(d[1], "A6XX_TEX_CONST_1_WIDTH"), _f(d[1], "A6XX_TEX_CONST_1_HEIGHT")
+  pitch = _f(d[2], "A6XX_TEX_CONST_2_PITCH")
+  base = d[4] | (_f(d[5], "A6XX_TEX_CONST_5_BASE_HI") << 32)
+  texel, dt = FORMATS[fmt]
+  if pitch < w * texel:
+    raise GpuFault(f"{what}: pitch {pitch} is less than width {w} x {texel} bytes")
+  data = gmem.array(base, (h - 1) * pitch + w * texel, f"{what} base")
+  return Image(w, h, pitch, base, fmt, texel, dt, data)
+
+
+class Images:
+  """The dispatch's texture (isam) and UAV (stib/ldib) descriptors, parsed on first use."""
+
+  def __init__(self, d: Dispatch, gmem: GlobalMemory):
+    self.d, self.gmem = d, gmem
+    self._tex: dict[int, Image] = {}
+    self._uav: dict[int, Image] = {}
+
+  def _get(self, cache: dict[int, Image], descs: bytes, slot: int, kind: str) -> Image:
+    if (img := cache.get(slot)) is None:
+      if (slot + 1) * 64 > len(descs):
+        raise GpuFault(f"{kind} slot {slot} has no descriptor ({len(descs) // 64} loaded)")
+      img = cache[slot] = parse_descriptor(descs[slot * 64:(slot + 1) * 64], self.gmem, f"{kind} descriptor {slot}")
+    return img
+
+  def _offsets(self, img: Image, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.broadcast_to(x, sel.shape if sel is not None else x.shape), np.broadcast_to(y, sel.shape if sel is not None else y.shape)
+    ok = (x >= 0) & (x < img.width) & (y >= 0) & (y < img.height)
+    if sel is not None:
+      ok &= sel
+    return ok, y[ok].astype(np.int64) * img.pitch + x[ok].astype(np.int64) * img.texel
+
+  def fetch(self, slot: int, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None) -> np.ndarray:
+    """isam: 4 components per lane as float32; a coordinate outside the image reads 0 (clamp-to-border, zero border)."""
+    img = self._get(self._tex, self.d.textures, slot, "texture")
+    ok, offs = self._offsets(img, x, y, sel)
+    out = np.zeros((4, len(ok)), np.float32)
+    raw = load_bytes(img.data, offs, img.texel)
+    out[:, ok] = raw.view(img.dtype).reshape(-1, 4).T.astype(np.float32)
+    return out
+
+  def store(self, slot: int, x: np.ndarray, y: np.ndarray, comps: list[np.ndarray], sel: np.ndarray) -> int:
+    """stib: writes the lanes' components in the image's format; a coordinate outside the image is dropped."""
+    img = self._get(self._uav, self.d.uavs, slot, "UAV")
+    ok, offs = self._offsets(img, x, y, sel)
+    vals = np.stack([np.broadcast_to(c, ok.shape)[ok] for c in comps] + [np.zeros(int(ok.sum()), np.float32)] * (4 - len(comps)), 1)
+    store_bytes(img.data, offs, np.ascontiguousarray(vals.astype(img.dtype)).view(np.uint8).reshape(len(offs), img.texel))
+    return len(offs) * img.texel

@@ -1,0 +1,331 @@
+"""Emulator level B: the a630 machine code tinymesa compiles, decoded and executed on the emulated render node.
+
+Decode: every instruction of the reference program agrees with Mesa's own disassembly and decoded fields.
+Execute: tinygrad ops on DEV=EMU+QCOM (openpilot's QCOM flags, IMAGE=2 images included) against the same ops on the CPU,
+bit-exact where IEEE fixes the result, within stated bounds elsewhere; faults and unimplemented instructions are loud.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.xdist_group("qcom_artifact")
+QCOM_FLAGS = {"FLOAT16": 1, "NOLOCALS": 1, "IMAGE": 2}
+# fp16 storage rounds to 11 significant bits and reduction order differs from the CPU's: |a-b| <= ATOL + RTOL*|ref|
+FP16_RTOL, FP16_ATOL = 1e-2, 1e-2
+F32_REDUCE_RTOL, F32_REDUCE_ATOL = 1e-5, 1e-5
+# cat4 (rcp/sqrt/exp2/log2/sin/cos) and the fp32 paths that use them: a few ulp of fp32
+SFU_RTOL, SFU_ATOL = 4e-6, 1e-6
+
+
+def _emu():
+  import backend
+  backend.install()
+  from tinygrad import Device
+  from tinygrad.helpers import DEV
+  old = DEV.value
+  DEV.value = "EMU+QCOM:IR3"
+  try:
+    dev = Device["QCOM"]
+  finally:
+    DEV.value = old
+  return dev
+
+
+@contextlib.contextmanager
+def executing():
+  """The QCOM device of this process on the emulated node, with IR3 execution on for the block."""
+  node = _emu().iface.node
+  was = node.execute
+  node.set_execute(True)
+  try:
+    yield node
+  finally:
+    node.set_execute(was)
+
+
+def on_both(fn, *arrays, flags=None):
+  """fn over CPU tensors and over EMU tensors (under flags, QCOM's by default): (reference, emulated) as numpy."""
+  from tinygrad import Tensor
+  from tinygrad.helpers import Context
+  ref = fn(*[Tensor(a, device="CPU") for a in arrays]).numpy()
+  with executing(), Context(**(QCOM_FLAGS if flags is None else flags)):
+    got = fn(*[Tensor(a, device="QCOM") for a in arrays]).numpy()
+  return ref, got
+
+
+def assert_close(ref, got, rtol, atol, what=""):
+  assert ref.shape == got.shape and ref.dtype == got.dtype, (ref.shape, got.shape, ref.dtype, got.dtype)
+  r, g = ref.astype(np.float64), got.astype(np.float64)
+  excess = np.abs(g - r) - (atol + rtol * np.abs(r))
+  assert np.array_equal(np.isnan(r), np.isnan(g)), f"{what}: NaN positions differ"
+  ok = ~np.isnan(r)
+  if (excess[ok] > 0).any():
+    i = int(np.argmax(np.where(ok, excess, -np.inf)))
+    raise AssertionError(f"{what}: element {i}: emulated {g.flat[i]!r} vs CPU {r.flat[i]!r} (tolerance {atol} + {rtol}*|ref|)")
+
+
+RNG = np.random.default_rng(7)
+F32 = (RNG.standard_normal(257) * 3).astype(np.float32)
+F32B = (RNG.standard_normal(257) * 3).astype(np.float32)
+POS = (np.abs(F32) + 0.1).astype(np.float32)
+I32 = RNG.integers(-2**31, 2**31 - 1, 257, dtype=np.int64).astype(np.int32)
+I32B = RNG.integers(-2**31, 2**31 - 1, 257, dtype=np.int64).astype(np.int32)
+I32B[I32B == 0] = 3
+SMALL = RNG.integers(-1000, 1000, 257).astype(np.int32)
+
+
+# ---- decode ----
+
+def test_decoder_agrees_with_mesa_on_every_instruction_of_the_reference_program(qcom_artifact, monkeypatch):
+  """The tiny program under openpilot's flags, as the artifact holds it: every instruction decodes, prints back as Mesa prints
+  it, and agrees with Mesa's decoded fields (flags, repeat/nop, register, const and immediate numbers)."""
+  from backend.emu.ir3.decode import check_fields, decode
+  shaders = _program_shaders(qcom_artifact, monkeypatch)
+  n = 0
+  ops = set()
+  for sh in shaders:
+    prog = decode(sh)
+    for ins, m in zip(prog.instrs, prog.mesa):
+      assert ins.render() == m.text, (ins.index, ins.render(), m.text)
+      assert check_fields(ins, m) == [], (m.text, check_fields(ins, m))
+      assert ins.cat == m.raw >> 61
+      n += 1
+      ops.add(ins.op)
+  assert len(shaders) >= 20 and n > 2000, (len(shaders), n)
+  assert {"mad.f32", "isam", "stib.b", "ldg", "stg", "cmps.f", "cov", "br", "predt"} <= ops, ops
+
+
+def _program_shaders(artifact, monkeypatch) -> list[bytes]:
+  """Every distinct shader one full step of the artifact dispatches (level A: recorded, not run)."""
+  from tinygrad.helpers import DEV
+
+  from modeld_msm.model_state import ModelState
+  from selfdrive_glue.nv12 import nv12_info
+  monkeypatch.setenv("MODELD_DEV", "EMU+QCOM:IR3")
+  node = _emu().iface.node
+  old_dev = DEV.value
+  seen: dict[bytes, None] = {}
+  old = node.on_dispatch
+  node.on_dispatch = lambda d: seen.setdefault(d.shader, None)
+  try:
+    ms = ModelState(artifact)
+    buf = np.zeros(nv12_info(1928, 1208).size, np.uint8)
+    eye = np.eye(3, dtype=np.float32)
+    ms.run(buf, buf, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False)
+    _emu().synchronize()
+  finally:
+    node.on_dispatch = old
+    DEV.value = old_dev
+  return list(seen)
+
+
+def test_decoder_representation():
+  from backend.emu.ir3.decode import DecodeError, parse_operand
+  o = parse_operand("(neg)(r)hr3.z")
+  assert (o.kind, o.index, o.half, o.neg, o.rpt, o.abs) == ("r", 14, True, True, True, False)
+  assert parse_operand("c12.w").index == 51 and parse_operand("c12.w").kind == "c"
+  m = parse_operand("p[r44.x+80]")
+  assert (m.kind, m.space, m.base.index, m.offset) == ("mem", "p", 176, 80)
+  f = parse_operand("(log2(e))")
+  assert f.kind == "fimm" and f.index == 8 and abs(f.fval - 1.4426950408889634) < 1e-12
+  assert parse_operand("!p0.y").invert and parse_operand("!p0.y").index == 1
+  with pytest.raises(DecodeError, match="not a form"):
+    parse_operand("q7.x")
+
+
+# ---- execute: conformance against the CPU ----
+
+UNARY_F32 = {
+  "neg": (lambda a: -a, 0, 0), "abs": (lambda a: a.abs(), 0, 0), "relu": (lambda a: a.relu(), 0, 0),
+  "floor": (lambda a: a.floor(), 0, 0), "ceil": (lambda a: a.ceil(), 0, 0), "round": (lambda a: a.round(), 0, 0),
+  "trunc": (lambda a: a.trunc(), 0, 0), "sqrt": (lambda a: a.abs().sqrt(), SFU_RTOL, SFU_ATOL),
+  "reciprocal": (lambda a: a.reciprocal(), SFU_RTOL, SFU_ATOL), "exp": (lambda a: a.exp(), SFU_RTOL * 4, SFU_ATOL),
+  "log": (lambda a: a.abs().add(0.1).log(), SFU_RTOL * 4, SFU_ATOL * 4), "sin": (lambda a: a.sin(), 1e-5, 1e-5),
+  "sigmoid": (lambda a: a.sigmoid(), SFU_RTOL * 4, SFU_ATOL), "tanh": (lambda a: a.tanh(), 1e-5, 1e-5),
+  "gelu": (lambda a: a.gelu(), 1e-5, 1e-5),
+}
+
+
+@pytest.mark.parametrize("name", list(UNARY_F32))
+def test_unary_fp32(name):
+  fn, rtol, atol = UNARY_F32[name]
+  ref, got = on_both(fn, F32, flags={})
+  if rtol == atol == 0:
+    assert np.array_equal(ref, got), (name, np.abs(ref - got).max())
+  else:
+    assert_close(ref, got, rtol, atol, name)
+
+
+BINARY = {
+  "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "maximum": lambda a, b: a.maximum(b),
+  "minimum": lambda a, b: a.minimum(b), "lt": lambda a, b: a < b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
+  "where": lambda a, b: (a < b).where(a, b),
+}
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_fp32_bit_exact(name):
+  ref, got = on_both(BINARY[name], F32, F32B, flags={})
+  assert np.array_equal(ref, got), name
+
+
+def test_division_fp32_within_rcp_bound():
+  """tinygrad's IR3 code divides as a * rcp(b): within 2 ulp of the CPU's correctly rounded a / b."""
+  ref, got = on_both(lambda a, b: a / b, F32, F32B, flags={})
+  assert_close(ref, got, 2.5e-7, 0, "div")
+
+
+INT = {
+  "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "and": lambda a, b: a & b, "or": lambda a, b: a | b,
+  "xor": lambda a, b: a ^ b, "lt": lambda a, b: a < b, "eq": lambda a, b: a == b, "max": lambda a, b: a.maximum(b),
+  "shl": lambda a, b: a << 3, "shr": lambda a, b: a >> 5, "idiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
+  "neg": lambda a, b: -a, "where": lambda a, b: (a < b).where(a, b),
+}
+
+
+@pytest.mark.parametrize("name", list(INT))
+def test_int32_bit_exact(name):
+  ref, got = on_both(INT[name], I32, I32B, flags={})
+  assert np.array_equal(ref, got), (name, ref[:5], got[:5])
+
+
+FP16 = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": lambda a, b: a.maximum(b), "lt": lambda a, b: a < b,
+        "mad": lambda a, b: a * b + a, "exp2": lambda a, b: (a * 0.25).exp2(), "relu": lambda a, b: a.relu()}
+
+
+@pytest.mark.parametrize("name", list(FP16))
+def test_fp16(name):
+  """fp16 ops: half registers, cov and fp16 ALU. Each op rounds to fp16 as the CPU does (exp2: within 1 fp16 ulp)."""
+  from tinygrad import dtypes
+  fn = FP16[name]
+  ref, got = on_both(lambda a, b: fn(a.cast(dtypes.half), b.cast(dtypes.half)), F32, F32B, flags={})
+  if name == "exp2":
+    assert_close(ref, got, 1e-3, 1e-3, name)
+  else:
+    assert np.array_equal(ref, got), name
+
+
+CASTS = [("float32", "int32"), ("float32", "half"), ("half", "float32"), ("int32", "float32"), ("int32", "half"), ("float32", "uint8"),
+         ("int32", "uint8"), ("uint8", "float32"), ("int32", "int8"), ("float32", "bool"), ("bool", "float32"), ("half", "int32")]
+
+
+@pytest.mark.parametrize("src,dst", CASTS)
+def test_casts_bit_exact(src, dst):
+  from tinygrad import dtypes
+  data = {"float32": (F32 * 30).astype(np.float32), "half": F32, "int32": SMALL, "uint8": (SMALL % 256).astype(np.uint8),
+          "bool": F32 > 0}[src]
+  s, d = getattr(dtypes, src), getattr(dtypes, dst)
+  ref, got = on_both(lambda a: a.cast(s).cast(d) if src == "half" else a.cast(d), data, flags={})
+  assert np.array_equal(ref, got), (src, dst, ref[:6], got[:6])
+
+
+@pytest.mark.parametrize("shape,axis", [((257,), None), ((64, 96), 1), ((64, 96), 0), ((4, 8, 300), (0, 2)), ((3, 100000), 1)])
+def test_reductions(shape, axis):
+  a = RNG.standard_normal(shape).astype(np.float32)
+  ref, got = on_both(lambda t: t.sum(axis), a, flags={})
+  assert_close(ref, got, F32_REDUCE_RTOL, F32_REDUCE_ATOL * np.sqrt(a.size), "sum")
+  ref, got = on_both(lambda t: t.max(axis), a, flags={})
+  assert np.array_equal(ref, got)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 33), (17, 31, 9), (64, 48, 40)])
+def test_matmul_fp32(m, k, n):
+  a, b = RNG.standard_normal((m, k)).astype(np.float32), RNG.standard_normal((k, n)).astype(np.float32)
+  ref, got = on_both(lambda x, y: x @ y, a, b, flags={})
+  assert_close(ref, got, 1e-5, 1e-5 * k, "matmul")
+
+
+def test_softmax_and_gather():
+  a = RNG.standard_normal((8, 77)).astype(np.float32)
+  ref, got = on_both(lambda t: t.softmax(-1), a, flags={})
+  assert_close(ref, got, SFU_RTOL * 4, 1e-7, "softmax")
+  idx = RNG.integers(0, a.size, 300).astype(np.int32)
+  ref, got = on_both(lambda t, i: t.reshape(-1)[i], a, idx, flags={})
+  assert np.array_equal(ref, got)
+
+
+CONVS = {
+  "3x3": dict(padding=1), "1x1": dict(), "3x3 stride 2": dict(padding=1, stride=2), "depthwise": dict(padding=1, groups=12),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_conv2d_image_path_under_openpilot_flags(name):
+  """Under openpilot's flags (IMAGE=2 FLOAT16=1 NOLOCALS=1). tinygrad keeps these small convolutions in buffers; the image
+  path (RGBA16F isam/stib) is exercised by the reference models (test_qcom_exec)."""
+  kw = CONVS[name]
+  x = RNG.standard_normal((1, 12, 16, 32)).astype(np.float32)
+  w = RNG.standard_normal((12 if "groups" in kw else 16, 1 if "groups" in kw else 12, 1 if name == "1x1" else 3,
+                           1 if name == "1x1" else 3)).astype(np.float32)
+  ref, got = on_both(lambda a, b: a.conv2d(b, **kw).relu(), x, w)
+  assert_close(ref, got, FP16_RTOL, FP16_ATOL * 3, name)
+
+
+def test_tinyjit_replays_with_changing_input_buffers():
+  from tinygrad import Tensor, TinyJit
+  from tinygrad.helpers import Context
+  w = RNG.standard_normal((16, 8)).astype(np.float32)
+  with executing(), Context(**QCOM_FLAGS):
+    wt = Tensor(w, device="QCOM").realize()
+    step = TinyJit(lambda x: (x @ wt).relu().realize())
+    for i in range(5):
+      x = RNG.standard_normal((4, 16)).astype(np.float32)
+      got = step(Tensor(x, device="QCOM")).numpy()
+      assert_close(np.maximum(x @ w, 0), got, FP16_RTOL, FP16_ATOL * 4, f"jit call {i}")
+
+
+# ---- faults ----
+
+def test_pointer_outside_the_submit_faults_and_names_the_kernel():
+  """A global load through a pointer the kernel was not given (a constant bent by 1 MiB past its buffer) is a GPU fault in
+  strict mode, reported through the MSM fault path with the kernel and the instruction."""
+  from tinygrad import Tensor
+
+  from backend.msm import MSMFault
+  with executing() as node:
+    a = Tensor(np.arange(64, dtype=np.float32), device="QCOM").realize()
+
+    def bend(d):
+      c = bytearray(d.consts)
+      lo = int.from_bytes(c[0:4], "little")   # the first buffer pointer of tinygrad's IR3 kernels (c0.x/c0.y; see consts layout)
+      c[0:4] = ((lo + (1 << 20)) & 0xffffffff).to_bytes(4, "little")
+      return dataclasses.replace(d, consts=bytes(c))
+    node.tamper = bend
+    try:
+      with pytest.raises(MSMFault, match="instruction .*(ldg|stg).*(no mapped BO|not listed|past the end)"):
+        (a * 2).numpy()
+    finally:
+      node.tamper = None
+    assert np.array_equal((a * 2).numpy(), np.arange(64) * 2.0)   # the device stays usable
+
+
+def test_unimplemented_instruction_is_a_clear_error():
+  from backend.emu.executor import Dispatch
+  from backend.emu.ir3.execute import ShaderFault, run_dispatch
+  # 'emit' (cat0 opcode 7, a geometry-shader instruction) is not something a compute dispatch runs: it must say so
+  prog = (0).to_bytes(8, "little") + _encode_cat0(7) + _encode_cat0(6)
+  d = Dispatch((1, 1, 1), (1, 1, 1), 0, prog, bytes(4096), b"", b"", b"", {}, 0)
+  with pytest.raises(ShaderFault, match=r"kernel k: instruction 1 'emit': not implemented"):
+    run_dispatch(d, None, kernel="k")
+  with pytest.raises(ShaderFault, match=r"kernel k: .*no match"):   # words Mesa cannot decode are refused before running
+    run_dispatch(dataclasses.replace(d, shader=_encode_cat0(12) + _encode_cat0(6)), None, kernel="k")
+
+
+def _encode_cat0(opc: int) -> bytes:
+  # cat0: opc_cat (bits 61-63) = 0, opcode in bits 55-58
+  return ((opc & 0xf) << 55).to_bytes(8, "little")
+
+
+def test_level_b_is_selected_by_environment(tmp_path):
+  import subprocess
+  import sys
+  code = ("import backend; backend.install()\nfrom tinygrad import Device\nfrom tinygrad.helpers import DEV\nDEV.value='EMU+QCOM:IR3'\n"
+          "print(Device['QCOM'].iface.node.execute)")
+  outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "EMU_EXEC": v},
+                         cwd=os.path.dirname(os.path.dirname(__file__)), timeout=120).stdout.strip() for v in ("1", "0")]
+  assert outs == ["True", "False"], outs
