@@ -8,6 +8,12 @@ Cost model (figures from docs/anchors.md §2-4):
     driving_vision program (1.62 GFLOP, ~885 launches) come out at the 17 ms tinygrad's CI asserts on a comma device.
   - Each GEM_SUBMIT adds SUBMIT_OVERHEAD_US on the GPU (kernel-inserted IB + fence write); after a retire the CPU needs
     CPU_WAKE_US to notice and push the next chunk (WAIT_FENCE wake-up + our submit path).
+Cost from execution (emulator level B counts each dispatch's work as the a630 would issue it):
+  executed_us = DISPATCH_OVERHEAD_US + max(alu/ALU_RATE + sfu/SFU_RATE over ISSUE_EFFICIENCY, bytes / DRAM share, texels / TEX_RATE)
+  - ALU_RATE 172.8 G lane-instructions/s: one MAD per lane per cycle at the peak above; the counts hold every issued cat1-3
+    instruction (address math and moves too), so they are taken at ISSUE_EFFICIENCY 0.8 rather than the FLOP-based 0.37.
+  - SFU at a quarter of the ALU rate; texel fetches at 2 TPs x 4 texels/clock x 710 MHz, served by the texture caches
+    (a convolution re-reads its weights and input rows, so texels are not DRAM traffic); ldg/stg bytes go to DRAM.
 The compositor is a client submitting one COMPOSITOR_US job per vsync at a higher priority; a vsync is missed when its job
 has not finished by the next vsync. drm_sched pushes a job into the ring as soon as the ring has a free slot
 (num_hw_submissions = 8), highest priority first; the ring itself runs in order.
@@ -37,6 +43,34 @@ def dispatch_us(flops: float, nbytes: float) -> float:
   return DISPATCH_OVERHEAD_US + max(flops / (PEAK_FLOPS * EFFICIENCY), nbytes / (DRAM_BYTES_PER_S * BW_EFFICIENCY)) * 1e6
 
 
+ALU_RATE = PEAK_FLOPS / 2
+SFU_RATE = ALU_RATE / 4
+TEX_RATE = 2 * 4 * 710e6
+ISSUE_EFFICIENCY = 0.8
+
+
+def executed_us(alu: float, sfu: float, texels: float, nbytes: float) -> float:
+  """a630 time of one dispatch from the work level B executed (fiber-instructions, texel fetches, bytes moved)."""
+  compute = (alu / ALU_RATE + sfu / SFU_RATE) / ISSUE_EFFICIENCY
+  memory = nbytes / (DRAM_BYTES_PER_S * BW_EFFICIENCY)
+  return DISPATCH_OVERHEAD_US + max(compute, memory, texels / TEX_RATE) * 1e6
+
+
+def chunk_by_time(program_us: list[float], budget_us: float) -> list[list[float]]:
+  """Consecutive dispatches grouped so that each group's estimated GPU time stays within budget_us (a longer single
+  dispatch is a group of its own): the compositor then waits at most about one budget."""
+  chunks: list[list[float]] = []
+  cur: list[float] = []
+  for us in program_us:
+    if cur and sum(cur) + us > budget_us:
+      chunks.append(cur)
+      cur = []
+    cur.append(us)
+  if cur:
+    chunks.append(cur)
+  return chunks
+
+
 def full_size_program(n_kernels: int = 885, gflop: float = 1.69, weight_mb: float = 60.0, act_mb: float = 60.0, seed: int = 0) -> list[float]:
   """Per-dispatch durations (us) of a model the size of openpilot's vision+policy (anchors §3): n_kernels launches whose FLOPs and
   bytes are spread log-normally (a few big convolutions, many small elementwise kernels)."""
@@ -53,6 +87,7 @@ class Policy:
   prio: int            # submitqueue priority of the model (0 highest)
   chunk_kernels: int   # 0: one submit per graph
   inflight: int
+  chunk_us: float = 0.0   # > 0: chunk by estimated GPU time instead of kernel count
 
 
 @dataclass(frozen=True)
@@ -80,8 +115,11 @@ def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, com
   """Runs the model at 20 Hz beside the compositor at 60 Hz. Camera and display clocks are independent: phase_us sets where camera
   frames land relative to vsync; frames jitter by +-1 ms and compositor jobs by +-20 % (seeded)."""
   rng = random.Random(seed)
-  step = policy.chunk_kernels if policy.chunk_kernels > 0 else len(program_us)
-  chunks = [program_us[i:i + step] for i in range(0, len(program_us), step)]
+  if policy.chunk_us > 0:
+    chunks = chunk_by_time(program_us, policy.chunk_us)
+  else:
+    step = policy.chunk_kernels if policy.chunk_kernels > 0 else len(program_us)
+    chunks = [program_us[i:i + step] for i in range(0, len(program_us), step)]
   chunk_us = [SUBMIT_OVERHEAD_US + sum(c) for c in chunks]
   end_t = seconds * 1e6
   events: list[tuple[float, int, str, object]] = []

@@ -40,8 +40,9 @@ def build_artifact(size: str, work: Path) -> Path:
   return art
 
 
-def frame_dispatches(artifact: Path) -> tuple[list[tuple[str, int, int]], dict]:
-  """[(kernel name, flops, bytes)] for every dispatch of one full step of the artifact, in ring order, plus the device's settings."""
+def frame_dispatches(artifact: Path, executed: bool = False) -> tuple[list[tuple[str, int, int]], dict, list]:
+  """[(kernel name, flops, bytes)] for every dispatch of one full step of the artifact, in ring order, plus the device's settings
+  and, when executed (emulator level B), each dispatch's executed work (ir3.execute.Counts) in the same order."""
   os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
   import numpy as np
   from tinygrad import Device
@@ -58,9 +59,14 @@ def frame_dispatches(artifact: Path) -> tuple[list[tuple[str, int, int]], dict]:
   dev.synchronize()
   seen: list = []
   node.on_dispatch = seen.append
+  node.set_execute(executed)
+  n0 = len(node.counts)
   ms.run(*step, False)
   dev.synchronize()
   node.on_dispatch = None
+  counts = [c for _, c in list(node.counts)[n0:]] if executed else []
+  if executed and len(counts) != len(seen):
+    raise SystemExit(f"executed {len(counts)} of {len(seen)} dispatches (the node keeps {node.counts.maxlen} records)")
   kernels = {}
   for jit in (ms.policy_jit, ms.warp_jit):
     for u in jit.captured._linear.toposort():
@@ -71,7 +77,7 @@ def frame_dispatches(artifact: Path) -> tuple[list[tuple[str, int, int]], dict]:
   if missing or not seen:
     raise SystemExit(f"{len(missing)} of {len(seen)} dispatches could not be matched to a kernel of the artifact")
   s = dev.iface.settings
-  return [kernels[d.shader_iova] for d in seen], {"prio": s.priority, "chunk": s.chunk_kernels, "inflight": s.inflight}
+  return [kernels[d.shader_iova] for d in seen], {"prio": s.priority, "chunk": s.chunk_kernels, "inflight": s.inflight}, counts
 
 
 def main() -> int:
@@ -80,12 +86,19 @@ def main() -> int:
   ap.add_argument("--size", choices=("full", "tiny"), default="full", help="reference models to compile when no --artifact (default full)")
   ap.add_argument("--seconds", type=float, default=20.0, help="simulated seconds per vsync phase (default 20)")
   ap.add_argument("--phases", type=int, default=10, help="camera/vsync phases averaged (default 10)")
+  ap.add_argument("--executed", action="store_true", help="cost each dispatch from its executed work (emulator level B) and add "
+                  "policies that chunk by estimated GPU time")
   args = ap.parse_args()
 
   with tempfile.TemporaryDirectory(prefix="bench-gpu-prio-") as work:
     art = args.artifact or build_artifact(args.size, Path(work))
-    disp, ours = frame_dispatches(art)
+    disp, ours, counts = frame_dispatches(art, args.executed)
   prog = [tl.dispatch_us(f, b) for _, f, b in disp]
+  if args.executed:
+    est = prog
+    prog = [tl.executed_us(c.alu, c.sfu, c.tex, c.mem_load + c.mem_store) for c in counts]
+    print(f"\ncost from execution: {sum(prog) / 1e3:.1f} ms per frame (FLOP/byte estimate: {sum(est) / 1e3:.1f} ms); "
+          f"{sum(c.instrs for c in counts):.3g} fiber-instructions, {sum(c.tex for c in counts):.3g} texel fetches")
   big = sorted(zip(prog, (n for n, _, _ in disp)), reverse=True)[:3]
   print(f"\nartifact {art}: one full step = {len(prog)} dispatches recorded by the emulator, {sum(f for _, f, _ in disp) / 1e9:.2f} GFLOP, "
         f"{sum(b for _, _, b in disp) / 1e6:.0f} MB; a630 timeline cost {sum(prog) / 1e3:.1f} ms alone "
@@ -98,6 +111,7 @@ def main() -> int:
               tl.Policy("prio 0, 64-kernel chunks, 2 in flight", 0, 64, 2),
               tl.Policy("lowest prio, one submit per graph", 2, 0, 1)]
   policies += [tl.Policy(f"lowest prio, {c}-kernel chunks, {n} in flight", 2, c, n) for c in (8, 16, 32, 128) for n in (1, 2)]
+  policies += [tl.Policy(f"lowest prio, chunks of <= {b / 1e3:g} ms, 1 in flight", 2, 0, 1, chunk_us=b) for b in (1500.0, 2500.0, 4000.0)]
   print(f"{len(prog)}-dispatch frame at 20 Hz beside a {tl.COMPOSITOR_US / 1e3:.0f} ms compositor job every {tl.VSYNC_US / 1e3:.1f} ms "
         f"(prio {tl.COMPOSITOR_PRIO}); {args.phases} vsync phases x {args.seconds:.0f} s simulated each\n")
   print(f"{'model submit policy':<52} {'submits':>7} {'vsync miss/s':>12} {'x stock':>7} {'UI wait max':>11} {'model p50':>9} {'p99':>7} "
@@ -106,7 +120,7 @@ def main() -> int:
   base = res[0].misses_per_s
   for r in res:
     p = r.policy
-    n_sub = 1 if p.chunk_kernels == 0 else -(-len(prog) // p.chunk_kernels)
+    n_sub = len(tl.chunk_by_time(prog, p.chunk_us)) if p.chunk_us else (1 if p.chunk_kernels == 0 else -(-len(prog) // p.chunk_kernels))
     lat = r.latencies_ms
     p50 = lat[len(lat) // 2] if lat else 0.0
     ratio = "-" if base == 0 else f"{r.misses_per_s / base:.2f}"

@@ -34,3 +34,23 @@ def test_priority_only_reorders_jobs_waiting_for_the_ring():
   # a flood of tiny model jobs fills the 8-slot ring; then a lower model priority lets the compositor in first
   lo, hi = tl.simulate(prog, tl.Policy("lo", 2, 8, 64), 5), tl.simulate(prog, tl.Policy("hi", 0, 8, 64), 5)
   assert lo.compositor_wait_max_ms < hi.compositor_wait_max_ms
+
+
+def test_executed_cost_grows_with_each_kind_of_work():
+  base = tl.executed_us(1e6, 0, 0, 1e4)
+  assert base >= tl.DISPATCH_OVERHEAD_US
+  assert tl.executed_us(1e9, 0, 0, 1e4) > base and tl.executed_us(1e6, 1e8, 0, 1e4) > base
+  assert tl.executed_us(1e6, 0, 1e8, 1e4) > base and tl.executed_us(1e6, 0, 0, 1e9) > base
+  # a quarter-rate SFU instruction costs four ALU ones
+  assert abs((tl.executed_us(0, 1e8, 0, 0) - tl.DISPATCH_OVERHEAD_US) - 4 * (tl.executed_us(1e8, 0, 0, 0) - tl.DISPATCH_OVERHEAD_US)) < 1e-6
+
+
+def test_chunks_by_time_bound_the_compositor_wait_by_the_budget():
+  prog = tl.full_size_program(seed=3)
+  budget = 2500.0
+  chunks = tl.chunk_by_time(prog, budget)
+  assert [x for c in chunks for x in c] == prog
+  assert all(sum(c) <= budget or len(c) == 1 for c in chunks)
+  r = tl.simulate(prog, tl.Policy("t", 2, 0, 1, chunk_us=budget), seconds=5)
+  longest = max(sum(c) for c in chunks) + tl.SUBMIT_OVERHEAD_US
+  assert r.compositor_wait_max_ms <= longest / 1e3 + 1.2 * tl.COMPOSITOR_US / 1e3

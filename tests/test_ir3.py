@@ -329,3 +329,42 @@ def test_level_b_is_selected_by_environment(tmp_path):
   outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "EMU_EXEC": v},
                          cwd=os.path.dirname(os.path.dirname(__file__)), timeout=120).stdout.strip() for v in ("1", "0")]
   assert outs == ["True", "False"], outs
+
+
+@pytest.mark.slow
+def test_decoder_agrees_with_mesa_on_the_full_reference_program(tmp_path):
+  """Every kernel of the full-size program (vision 794 M MACs + policy) under openpilot's flags, captured at level A."""
+  from tinygrad.helpers import DEV, Context
+
+  from backend.emu.ir3.decode import check_fields, decode
+  from compile.onnx_model import load_model_info
+  from compile.program import DrivingProgram, HostInputs
+  from compile.refmodels import write_models
+  from selfdrive_glue.nv12 import nv12_info
+  write_models(tmp_path, "full", 0)
+  node = _emu().iface.node
+  seen: dict[bytes, None] = {}
+  old, was, old_dev = node.on_dispatch, node.execute, DEV.value
+  node.on_dispatch = lambda d: seen.setdefault(d.shader, None)
+  node.set_execute(False)
+  try:
+    DEV.value = "EMU+QCOM:IR3"
+    with Context(**QCOM_FLAGS):
+      nv = nv12_info(1928, 1208)
+      prog = DrivingProgram(load_model_info(tmp_path / "driving_vision.onnx", "vision"), load_model_info(tmp_path / "driving_policy.onnx", "policy"),
+                            nv, "QCOM")
+      host = HostInputs.zeros().tensors()
+      from tinygrad import Tensor
+      frame = Tensor(np.zeros(nv.size, np.uint8), device="QCOM")
+      v, p = prog.run_policy(frame, frame, host["desire"], host["traffic_convention"], host["tfm"], host["big_tfm"])
+      v.numpy()
+  finally:
+    node.on_dispatch, DEV.value = old, old_dev
+    node.set_execute(was)
+  n = 0
+  for sh in seen:
+    pr = decode(sh)
+    for ins, m in zip(pr.instrs, pr.mesa):
+      assert ins.render() == m.text and check_fields(ins, m) == [], (m.text, check_fields(ins, m))
+      n += 1
+  assert len(seen) >= 50 and n > 10000, (len(seen), n)

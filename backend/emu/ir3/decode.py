@@ -23,7 +23,7 @@ REG_P0 = 62 * 4
 _TYPES = {"f32", "f16", "u32", "u16", "s32", "s16", "u8", "s8", "b32", "b16"}
 _FLAG = re.compile(r"\((sy|ss|jp|sat|ul|ei|rpt\d|nop\d)\)\s*")
 _REG = re.compile(r"^(h?)([rcpa])(\d+)\.([xyzw])$")
-_MODS = ("(neg)", "(abs)", "(r)")
+_MODS = ("(absneg)", "(neg)", "(abs)", "(r)")   # (absneg) is -|x|
 # a6xx float immediates of cat2/cat3 are an index into a fixed table (FLUT); Mesa prints the value's name
 FLUT = {"0.0": (0, 0.0), "0.5": (1, 0.5), "1.0": (2, 1.0), "2.0": (3, 2.0), "e": (4, math.e), "pi": (5, math.pi), "1/pi": (6, 1 / math.pi),
         "1/log2(e)": (7, 1 / math.log2(math.e)), "log2(e)": (8, math.log2(math.e)), "1/log2(10)": (9, 1 / math.log2(10)),
@@ -49,11 +49,11 @@ class Operand:
 
   @property
   def neg(self) -> bool:
-    return "(neg)" in self.mods
+    return "(neg)" in self.mods or "(absneg)" in self.mods
 
   @property
   def abs(self) -> bool:
-    return "(abs)" in self.mods
+    return "(abs)" in self.mods or "(absneg)" in self.mods
 
   @property
   def rpt(self) -> bool:

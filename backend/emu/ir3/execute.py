@@ -12,6 +12,7 @@ which faults on unmapped or, in strict mode, unlisted BOs), shared per workgroup
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -238,8 +239,12 @@ class Batch:
 
 # *** per-category handlers (chosen once per instruction, cached per program) ***
 
-def _is_half(o: Operand) -> bool:
-  return o.half
+def _op_half(ins: Instr) -> bool:
+  """Width an ALU op works at: each register source is read from its own file (a 32-bit source of a 16-bit result is used
+  whole, e.g. 'shr.b hr2.z, r3.y, 16'); consts and immediates take the width of the register sources, or the destination's
+  when there are none. The result is narrowed or widened to the destination."""
+  regs = [o.half for o in ins.srcs if o.kind == "r"]
+  return all(regs) if regs else (ins.dst[0].half and ins.dst[0].kind == "r")
 
 
 def _typed(L: Lanes, o: Operand, step: int, half: bool, kind: str) -> np.ndarray:
@@ -280,10 +285,10 @@ def _cat2(b: Batch, ins: Instr, mask) -> None:
   kind = alu.CMPS.get(op) or (alu.CAT2[op][0] if op in alu.CAT2 else None)
   if kind is None:
     raise alu.Unimplemented(f"cat2 '{op}'")
-  half = any(s.kind == "r" and s.half for s in ins.srcs) or (op not in alu.CMPS and ins.dst[0].half)
+  half = _op_half(ins)
   dst = ins.dst[0]
   for s in range(ins.repeat + 1):
-    srcs = [_typed(L, o, s, half, kind) for o in ins.srcs]
+    srcs = [_typed(L, o, s, o.half if o.kind == "r" else half, kind) for o in ins.srcs]
     res = alu.cat2(op, ins.cond, srcs, kind)
     if "sat" in ins.flags and kind == "f":
       res = np.clip(res, 0, 1)
@@ -299,7 +304,7 @@ def _cat3(b: Batch, ins: Instr, mask) -> None:
     raise alu.Unimplemented(f"cat3 '{ins.op}'")
   kind, fn = alu.CAT3[ins.op]
   dst = ins.dst[0]
-  half = dst.half or any(o.kind == "r" and o.half for o in ins.srcs)
+  half = _op_half(ins)
   for s in range(ins.repeat + 1):
     srcs = [_typed(L, o, s, o.half if o.kind == "r" else half, kind) for o in ins.srcs]
     res = fn(*srcs)
@@ -374,8 +379,10 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
 
       def storer(a, data, _buf=buf):
         store_bytes(_buf, a, data)
+    # local/private forms carry no TYPE_HALF bit: an 8/16-bit type names a half register although Mesa prints it as full
+    implied_half = op in ("ldl", "stl", "ldp", "stp") and size < 4
     if op.startswith("ld"):
-      dst = ins.dst[0]
+      dst = ins.dst[0] if not implied_half else dataclasses.replace(ins.dst[0], half=True)
       raw = loader(addr, size * ins.count)          # (count*size) bytes per lane, uint8 (m, count*size)
       b.counts.mem_load += raw.size
       for c in range(ins.count):
@@ -385,7 +392,7 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
         full[sel] = val
         L.write(dst, c, full, mask)
     else:
-      src = ins.srcs[1]
+      src = ins.srcs[1] if not implied_half or ins.srcs[1].kind != "r" else dataclasses.replace(ins.srcs[1], half=True)
       cols = []
       for c in range(ins.count):
         bits = np.broadcast_to(L.read(src, c, src.half, consecutive=src.kind in ("r", "c")), (b.n,))[sel]
