@@ -17,7 +17,6 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from tinygrad.runtime.autogen import libc
 from tinygrad.runtime.support.hcq import FileIOInterface
@@ -26,6 +25,7 @@ from backend import uapi as u
 from backend.emu import pm4
 from backend.emu.executor import Dispatch, ExecState, Executor, Frame, GpuFault, always_on_counter
 from backend.emu.iova import PAGE, IovaWindow
+from backend.emu.ir3.execute import Counts, run_dispatch
 from backend.intervals import IntervalIndex
 
 _FAILED = 0xffffffffffffffff
@@ -165,7 +165,7 @@ class RenderNode(FileIOInterface):
     self.kernel_names: dict[int, str] = {}
     self.tamper: Callable[[Dispatch], Dispatch] | None = None   # test hook: rewrites a dispatch (shader, descriptors) before it runs
     self.counts: collections.deque = collections.deque(maxlen=history)   # (kernel, ir3.execute.Counts) per executed dispatch
-    self.exec_total: Any = None   # ir3.execute.Counts summed over every executed dispatch
+    self.exec_total = Counts()   # summed over every executed dispatch
     self.submits: collections.deque[SubmitRecord] = collections.deque(maxlen=history)
     self.dispatches: collections.deque[Dispatch] = collections.deque(maxlen=history)
     self.stats = Stats()
@@ -249,15 +249,11 @@ class RenderNode(FileIOInterface):
     self.executor.shader_exec = self._execute_dispatch if on else None
 
   def _execute_dispatch(self, d: Dispatch, mem) -> None:
-    from backend.emu.ir3.execute import run_dispatch
     name = self.kernel_names.get(d.shader_iova, "")
     if self.tamper is not None:
       d = self.tamper(d)
     c = run_dispatch(d, mem, kernel=name)
     self.counts.append((name, c))
-    if self.exec_total is None:
-      from backend.emu.ir3.execute import Counts
-      self.exec_total = Counts()
     self.exec_total.add(c)
 
   def progress(self) -> None:

@@ -50,6 +50,8 @@ class Counts:
   def add(self, other: Counts) -> None:
     for k in ("fibers", "instrs", "alu", "sfu", "tex", "mem_load", "mem_store", "seconds"):
       setattr(self, k, getattr(self, k) + getattr(other, k))
+    for c, v in other.by_category.items():
+      self.by_category[c] = self.by_category.get(c, 0) + v
 
 
 def _field(v: int, name: str) -> int:
@@ -180,8 +182,8 @@ class Batch:
             alive &= ~at
             if not alive.any():
               return
-          elif op in ("nop", "bar.g", "bar", "fence", "fence.g.l.r.w") or op.startswith("fence") or op.startswith("bar"):
-            pass
+          elif op == "nop" or op.startswith(("bar", "fence")):
+            pass   # lanes run in lockstep and memory is coherent: a barrier is met when every lower-PC lane has caught up
           elif op == "jump":
             nxt = ins.target  # type: ignore[assignment]
           elif op in ("br", "brao", "braa"):
