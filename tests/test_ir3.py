@@ -194,6 +194,17 @@ def test_int32_bit_exact(name):
   assert np.array_equal(ref, got), (name, ref[:5], got[:5])
 
 
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "idiv", "mod", "lt", "max", "and", "shr"])
+def test_int16_and_int8_bit_exact(name):
+  """16-bit integer ALU on half registers (mul.s24/mad.s24 widen a half source before sign-extending it)."""
+  from tinygrad import dtypes
+  a16, b16 = (SMALL * 31).astype(np.int16), (I32B % 200).astype(np.int16)
+  b16[b16 == 0] = 5
+  for dt, a, b in ((dtypes.int16, a16, b16), (dtypes.int8, (a16 % 100).astype(np.int8), (b16 % 50 + 51).astype(np.int8))):
+    ref, got = on_both(lambda x, y, _dt=dt: INT[name](x.cast(_dt), y.cast(_dt)), a, b, flags={})
+    assert np.array_equal(ref, got), (name, dt, ref[:6], got[:6])
+
+
 FP16 = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": lambda a, b: a.maximum(b), "lt": lambda a, b: a < b,
         "mad": lambda a, b: a * b + a, "exp2": lambda a, b: (a * 0.25).exp2(), "relu": lambda a, b: a.relu()}
 

@@ -85,6 +85,15 @@ def _rndaz(a):
   return np.copysign(np.floor(np.abs(a) + a.dtype.type(0.5)), a)
 
 
+def _s24(a):
+  """The low 24 bits as a signed value, at 32-bit width (a half-register source is widened first, not shifted in 16 bits)."""
+  return (np.asarray(a).astype(np.int32) << 8) >> 8
+
+
+def _s16(a):
+  return (np.asarray(a).astype(np.int32) << 16) >> 16
+
+
 def _clz(a):
   out = np.full(a.shape, 32, np.uint32)
   nz = a != 0
@@ -102,8 +111,8 @@ CAT2: dict[str, tuple[str, Callable]] = {
   "absneg.s": ("s", lambda a: a), "and.b": ("u", np.bitwise_and), "or.b": ("u", np.bitwise_or), "xor.b": ("u", np.bitwise_xor),
   "not.b": ("u", np.invert), "shl.b": ("u", _shl), "shr.b": ("u", _shr), "ashr.b": ("s", lambda a, b: np.right_shift(a, _sh(b).astype(a.dtype))),
   "mull.u": ("u", lambda a, b: (a & 0xffff).astype(np.uint32) * (b & 0xffff).astype(np.uint32)),
-  "mul.u24": ("u", lambda a, b: (a & 0xffffff).astype(np.uint32) * (b & 0xffffff).astype(np.uint32)),
-  "mul.s24": ("s", lambda a, b: ((a << 8) >> 8).astype(np.int32) * ((b << 8) >> 8).astype(np.int32)),
+  "mul.u24": ("u", lambda a, b: (np.asarray(a, np.uint32) & 0xffffff) * (np.asarray(b, np.uint32) & 0xffffff)),
+  "mul.s24": ("s", lambda a, b: _s24(a) * _s24(b)),
   "clz.b": ("u", _clz), "bfrev.b": ("u", lambda a: np.array([int(f"{int(x):032b}"[::-1], 2) for x in np.atleast_1d(a)], np.uint32)),
   "cbits.b": ("u", lambda a: np.array([bin(int(x)).count("1") for x in np.atleast_1d(a)], np.uint32)),
 }
@@ -127,9 +136,9 @@ CAT3: dict[str, tuple[str, Callable]] = {
   "mad.f16": ("f", lambda a, b, c: (a.astype(np.float32) * b + c).astype(np.float16)),
   "madsh.m16": ("u", _madsh),
   "mad.u16": ("u", lambda a, b, c: (a & 0xffff) * (b & 0xffff) + c),
-  "mad.s16": ("s", lambda a, b, c: ((a << 16) >> 16) * ((b << 16) >> 16) + c),
-  "mad.u24": ("u", lambda a, b, c: (a & 0xffffff) * (b & 0xffffff) + c),
-  "mad.s24": ("s", lambda a, b, c: ((a << 8) >> 8) * ((b << 8) >> 8) + c),
+  "mad.s16": ("s", lambda a, b, c: _s16(a) * _s16(b) + c),
+  "mad.u24": ("u", lambda a, b, c: (np.asarray(a, np.uint32) & 0xffffff) * (np.asarray(b, np.uint32) & 0xffffff) + c),
+  "mad.s24": ("s", lambda a, b, c: _s24(a) * _s24(b) + c),
   "sel.b32": ("u", lambda a, cond, b: np.where(cond != 0, a, b)), "sel.b16": ("u", lambda a, cond, b: np.where(cond != 0, a, b)),
   "shrm": ("u", lambda a, b, c: _shr(b, a) & c), "shlm": ("u", lambda a, b, c: _shl(b, a) & c),
   "shrg": ("u", lambda a, b, c: _shr(b, a) | c), "shlg": ("u", lambda a, b, c: _shl(b, a) | c),
