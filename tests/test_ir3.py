@@ -200,7 +200,9 @@ def test_int16_and_int8_bit_exact(name):
   from tinygrad import dtypes
   a16, b16 = (SMALL * 31).astype(np.int16), (I32B % 200).astype(np.int16)
   b16[b16 == 0] = 5
-  for dt, a, b in ((dtypes.int16, a16, b16), (dtypes.int8, (a16 % 100).astype(np.int8), (b16 % 50 + 51).astype(np.int8))):
+  a8, b8 = (a16 % 200 - 100).astype(np.int8), (b16 % 100 - 50).astype(np.int8)   # negative bytes: u8 -> s16 sign-extends
+  b8[b8 == 0] = 7
+  for dt, a, b in ((dtypes.int16, a16, b16), (dtypes.int8, a8, b8)):
     ref, got = on_both(lambda x, y, _dt=dt: INT[name](x.cast(_dt), y.cast(_dt)), a, b, flags={})
     assert np.array_equal(ref, got), (name, dt, ref[:6], got[:6])
 

@@ -48,7 +48,9 @@ def convert(bits: Any, src_t: str, dst_t: str, src_half: bool) -> Any:
   (NaN -> 0), int->float and f32->f16 round to nearest even, int->int wraps or sign-extends by the source type."""
   b: Any = np.asarray(bits, np.uint16 if src_half else np.uint32)
   if src_t in ("u8", "s8"):
-    v = (b & 0xff).astype(np.uint8).view(np.int8) if src_t == "s8" else (b & 0xff).astype(np.uint8)
+    # the ISA has no s8 source type: Mesa encodes an 8-bit sign extension as u8 -> s16/s32
+    signed = src_t == "s8" or dst_t in ("s16", "s32")
+    v = (b & 0xff).astype(np.uint8).view(np.int8) if signed else (b & 0xff).astype(np.uint8)
   elif src_t in ("f16", "u16", "s16"):
     v = b.astype(np.uint16).view(NP_TYPES[src_t])
   else:
