@@ -146,10 +146,12 @@ class VisionIpcServer:
     self._listener.start()
 
   def _listen(self, sock: socket.socket) -> None:
+    # poll, not select: a process with more than 1024 open files (camera buffers, GPU objects) gets socket fds select() refuses
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
     with sock:
       while not self._stop.is_set():
-        r, _, _ = select.select([sock], [], [], 0.1)
-        if not r:
+        if not poller.poll(100):
           continue
         try:
           conn, _ = sock.accept()

@@ -270,3 +270,30 @@ def test_interop_with_cpp_visionipc(prefix):
       except subprocess.TimeoutExpired:
         cpp.kill()
         cpp.wait(5)
+
+
+def test_server_accepts_clients_when_the_process_has_more_than_1024_files(prefix):
+  """A camera server in a process with many open files (GPU objects, buffers) gets a listening socket numbered above
+  select()'s limit; it must still serve."""
+  import resource
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if hard != resource.RLIM_INFINITY and hard < 2048:
+    pytest.skip("the hard file limit is below 2048")
+  resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096) if hard == resource.RLIM_INFINITY else min(max(soft, 4096), hard), hard))
+  fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+  try:
+    info = nv12_info(64, 32)
+    srv = VisionIpcServer("camerad")
+    srv.create_buffers_with_sizes(ROAD, 2, 64, 32, info.size, info.stride, info.uv_offset)
+    srv.start_listener()
+    try:
+      client = VisionIpcClient("camerad", ROAD, True)
+      assert client.connect(True)
+      assert client.num_buffers == 2
+      client.close()
+    finally:
+      srv.close()
+  finally:
+    for fd in fillers:
+      os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
