@@ -110,39 +110,37 @@ def _flip_first_mad_source(kernel_has: str = "mad.f32"):
   return tamper, hit
 
 
-def test_a_flipped_source_register_breaks_the_comparison(qcom_artifact, cpu_reference, monkeypatch):
-  """The check has teeth: one source register changed in one kernel of the car's program and the outputs leave the bound."""
-  tamper, hit = _flip_first_mad_source()
+def _worst_excess_when_tampered(tamper, artifact, cpu_reference, monkeypatch) -> float:
+  """The car's program run with `tamper` rewriting its dispatches: how far its raw outputs leave the fp16 bound (> 0: out)."""
   with executing() as node:
     node.tamper = tamper
     try:
-      got = _steps(qcom_artifact, monkeypatch, "EMU+QCOM:IR3", _frames(3))
+      got = _steps(artifact, monkeypatch, "EMU+QCOM:IR3", _frames(3))
     finally:
       node.tamper = None
+  return max(_excess(r_ref, r_got)[0] for (_, r_ref), (_, r_got) in zip(cpu_reference, got))
+
+
+def test_a_flipped_source_register_breaks_the_comparison(qcom_artifact, cpu_reference, monkeypatch):
+  """The check has teeth: one source register changed in one kernel of the car's program and the outputs leave the bound."""
+  tamper, hit = _flip_first_mad_source()
+  worst = _worst_excess_when_tampered(tamper, qcom_artifact, cpu_reference, monkeypatch)
   assert hit["before"] != hit["after"]
-  worst = max(_excess(r_ref, r_got)[0] for (_, r_ref), (_, r_got) in zip(cpu_reference, got))
   assert worst > 0, f"flipping '{hit['before']}' -> '{hit['after']}' went unnoticed"
 
 
 def test_a_corrupt_image_descriptor_breaks_the_comparison(qcom_artifact, cpu_reference, monkeypatch):
   """Halving every texture's width in its descriptor makes isam read other texels (or none): the outputs leave the bound."""
+  from tinygrad.runtime.autogen import mesa
+  mask = mesa.A6XX_TEX_CONST_1_WIDTH__MASK   # width sits at bit 0 of the descriptor's second dword
+
   def narrow(d):
-    if not d.textures:
-      return d
     t = bytearray(d.textures)
     for off in range(0, len(t), 64):
       w = int.from_bytes(t[off + 4:off + 8], "little")
-      width = w & 0x7fff
-      t[off + 4:off + 8] = ((w & ~0x7fff) | max(1, width // 2)).to_bytes(4, "little")
+      t[off + 4:off + 8] = ((w & ~mask) | max(1, (w & mask) // 2)).to_bytes(4, "little")
     return dataclasses.replace(d, textures=bytes(t))
-  with executing() as node:
-    node.tamper = narrow
-    try:
-      got = _steps(qcom_artifact, monkeypatch, "EMU+QCOM:IR3", _frames(3))
-    finally:
-      node.tamper = None
-  worst = max(_excess(r_ref, r_got)[0] for (_, r_ref), (_, r_got) in zip(cpu_reference, got))
-  assert worst > 0
+  assert _worst_excess_when_tampered(narrow, qcom_artifact, cpu_reference, monkeypatch) > 0
 
 
 def test_locator_names_the_first_divergent_kernel():
