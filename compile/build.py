@@ -96,11 +96,16 @@ def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: Co
   report.checks.append((f"{info.kind} vs onnxruntime", "ok", f"max |diff| {worst:.3g} (tol {ORT_ATOL}+{ORT_RTOL}*|ref|)"))
 
 
+def _emu_node(dev_name: str):
+  """The emulated render node under dev_name, or None on any other device."""
+  from tinygrad import Device
+  return getattr(getattr(Device[dev_name], "iface", None), "node", None)
+
+
 def _locate(run) -> str | None:
   """On the executing emulator: the first kernel whose output differs from the same kernel on the CPU."""
   from tinygrad import Device
-  node = getattr(getattr(Device[Device.DEFAULT], "iface", None), "node", None)
-  if not getattr(node, "execute", False):
+  if not getattr(node := _emu_node(Device.DEFAULT), "execute", False):
     return None
   from backend.emu.ir3.locate import first_divergent_kernel
   return first_divergent_kernel(run, node)
@@ -179,15 +184,16 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     prog = DrivingProgram(vinfo, pinfo, nv, dev_name)
     report.timings["load"] = time.perf_counter() - t0
     if device == "QCOM":
-      _execute_on_emulator(dev_name)
-    numerics = device != "QCOM" or emulator_executes(dev_name)
+      if (node := _emu_node(dev_name)) is None:
+        raise UserError(f"internal error: QCOM capture opened {type(getattr(Device[dev_name], 'iface', None)).__name__}, not the "
+                        "emulated render node; please report it")
+      node.set_execute(True)
     rng = np.random.default_rng(42)
-    if numerics:
-      t = time.perf_counter()
-      log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
-      _ort_check(vinfo, prog.vision, rng, report)
-      _ort_check(pinfo, prog.policy, rng, report)
-      report.timings["onnxruntime check"] = time.perf_counter() - t
+    t = time.perf_counter()
+    log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
+    _ort_check(vinfo, prog.vision, rng, report)
+    _ort_check(pinfo, prog.policy, rng, report)
+    report.timings["onnxruntime check"] = time.perf_counter() - t
 
     t = time.perf_counter()
     log(f"[compile] 2/3 capturing the JIT and checking it against the unjitted program ({len(STEP_PLAN)} steps: {STEP_PLAN})")
@@ -199,17 +205,13 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     prog.reset_queues()
     policy_jit, warp_jit = prog.jits()
     got = _run_sequence(policy_jit, warp_jit, steps, host_np, host_t, prog.queues())
-    if numerics:
-      for i, (r, g) in enumerate(zip(ref, got)):
-        for k in r:
-          if not np.array_equal(r[k], g[k]):
-            raise UserError(f"internal error: jitted program differs from unjitted at step {i} ({STEP_PLAN[i]}) in {k}; please report it")
-        if "policy" in r and not (np.isfinite(r["vision"]).all() and np.isfinite(r["policy"]).all()):
-          raise UserError(f"the models produce non-finite outputs at step {i}; check the model files")
-      report.checks.append(("jit == unjitted", "ok", f"outputs and 4 queues bit-exact over {len(STEP_PLAN)} steps, rotating buffers"))
-    else:
-      report.checks.append(("jit == unjitted", "skip", "emulated render node at level A runs no shaders (EMU_EXEC=1 runs them); "
-                            "validated on the CPU artifact"))
+    for i, (r, g) in enumerate(zip(ref, got)):
+      for k in r:
+        if not np.array_equal(r[k], g[k]):
+          raise UserError(f"internal error: jitted program differs from unjitted at step {i} ({STEP_PLAN[i]}) in {k}; please report it")
+      if "policy" in r and not (np.isfinite(r["vision"]).all() and np.isfinite(r["policy"]).all()):
+        raise UserError(f"the models produce non-finite outputs at step {i}; check the model files")
+    report.checks.append(("jit == unjitted", "ok", f"outputs and 4 queues bit-exact over {len(STEP_PLAN)} steps, rotating buffers"))
     report.timings["jit check"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -220,7 +222,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   if device != "QCOM":
     _check_reload(policy_pkl, warp_pkl, steps, host_np, host_t, ref, report)
   else:
-    _check_replay(policy_pkl, warp_pkl, steps, host_np, host_t, dev_name, report, ref if numerics else None)
+    _check_replay(policy_pkl, warp_pkl, steps, host_np, host_t, dev_name, report, ref)
   report.timings["pickle check"] = time.perf_counter() - t
 
   versions = art_mod.installed_versions()
@@ -248,47 +250,31 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   return report
 
 
+def _same_outputs(ref: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], what: str) -> None:
+  for i, (r, g) in enumerate(zip(ref, got)):
+    if "policy" in r and not (np.array_equal(r["vision"], g["vision"]) and np.array_equal(r["policy"], g["policy"])):
+      raise UserError(f"internal error: {what} differ from the unjitted program at step {i} ({STEP_PLAN[i]}); please report it")
+
+
 def _check_reload(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, host_t, ref: list[dict[str, np.ndarray]],
                   report: CompileReport) -> None:
   # the runtime's loader gives the loaded JITs buffers of their own (queues zero, as pickled), so the whole plan replays
   policy, warp = art_mod.unpickle_programs(policy_pkl, warp_pkl)
   got = _run_sequence(policy, warp, steps, host_np, host_t, {})
-  for i, (r, g) in enumerate(zip(ref, got)):
-    if "policy" in r and not (np.array_equal(r["vision"], g["vision"]) and np.array_equal(r["policy"], g["policy"])):
-      raise UserError(f"internal error: the reloaded programs differ from the unjitted one at step {i} ({STEP_PLAN[i]}); please report it")
+  _same_outputs(ref, got, "the reloaded programs")
   if np.array_equal(got[0]["vision"], got[1]["vision"]):
     raise UserError("internal error: the reloaded program ignores its inputs; please report it")
   report.checks.append(("pickle reload", "ok", f"policy + warp JITs reloaded: outputs bit-exact over {len(STEP_PLAN)} steps"))
 
 
-def _execute_on_emulator(dev_name: str) -> None:
-  from tinygrad import Device
-  node = getattr(getattr(Device[dev_name], "iface", None), "node", None)
-  if node is None:
-    raise UserError(f"internal error: QCOM capture opened {type(getattr(Device[dev_name], 'iface', None)).__name__}, not the emulated "
-                    "render node; please report it")
-  node.set_execute(True)
-
-
-def emulator_executes(dev_name: str) -> bool:
-  """True when dev_name runs on the emulated render node with IR3 execution (level B, EMU_EXEC=1)."""
-  from tinygrad import Device
-  node = getattr(getattr(Device[dev_name], "iface", None), "node", None)
-  return bool(getattr(node, "execute", False))
-
-
 def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, host_t, dev_name: str, report: CompileReport,
-                  ref: list[dict[str, np.ndarray]] | None = None) -> None:
-  """QCOM: the pickles, loaded back, replay through the MSM submit path with every submit passing the node's (strict) BO
-  validation and no GPU fault. With execution (ref given) their outputs must also equal the unjitted program's."""
+                  ref: list[dict[str, np.ndarray]]) -> None:
+  """QCOM: the pickles, loaded back and executed on the emulated a630, replay through the MSM submit path with every
+  submit passing the node's (strict) BO validation, no GPU fault, and the unjitted program's outputs."""
   from tinygrad import Device
 
   from backend.msm import MSMFault, MSMTimeout
-  dev = Device[dev_name]
-  iface = getattr(dev, "iface", None)
-  node = getattr(iface, "node", None)
-  if node is None:
-    raise UserError(f"internal error: QCOM capture ran on {type(iface).__name__}, not the emulated render node; please report it")
+  dev, node = Device[dev_name], _emu_node(dev_name)   # compile_artifact checked that it is the emulated node
   subs0, disp0, faults0 = node.stats.submits, node.stats.dispatches, len(node.stats.faults)
   try:
     policy, warp = art_mod.unpickle_programs(policy_pkl, warp_pkl)
@@ -301,15 +287,10 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
     raise UserError(f"internal error: the reloaded QCOM program faulted on the emulated render node: {faults[0]}; please report it")
   if not subs or not disp:
     raise UserError("internal error: the reloaded QCOM program submitted no GPU work; please report it")
-  numbers = "no numerics: level A"
-  if ref is not None:
-    for i, (r, g) in enumerate(zip(ref, got)):
-      if "policy" in r and not (np.array_equal(r["vision"], g["vision"]) and np.array_equal(r["policy"], g["policy"])):
-        raise UserError(f"internal error: the reloaded QCOM program differs from the unjitted one at step {i} ({STEP_PLAN[i]}) on the "
-                        "emulated a630; please report it")
-    numbers = "outputs bit-exact with the unjitted program, executed (level B)"
+  _same_outputs(ref, got, "the reloaded QCOM programs, executed on the emulated a630,")
   report.checks.append(("pickle replay (EMU)", "ok", f"reloaded JITs replayed {len(STEP_PLAN)} steps: {subs} submits, {disp} dispatches, "
-                        f"{'strict' if node.strict else 'NON-strict'} BO validation, 0 faults ({numbers})"))
+                        f"{'strict' if node.strict else 'NON-strict'} BO validation, 0 faults (outputs bit-exact with the unjitted "
+                        "program, executed (level B))"))
 
 
 def _check_out_dir(out_dir: Path) -> None:
