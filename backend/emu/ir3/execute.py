@@ -25,6 +25,7 @@ from backend.emu.executor import Dispatch, GpuFault
 from backend.emu.ir3 import alu
 from backend.emu.ir3.decode import REG_A0, DecodeError, Instr, Operand, Program, decode
 from backend.emu.ir3.memory import GlobalMemory, Images, load_bytes, store_bytes
+from backend.emu.pm4 import field as _field
 
 NREGS = 64 * 4
 DEFAULT_BATCH = 1 << 14   # fibers run together (whole workgroups); bounds the register file to ~16 MiB
@@ -52,10 +53,6 @@ class Counts:
       setattr(self, k, getattr(self, k) + getattr(other, k))
     for c, v in other.by_category.items():
       self.by_category[c] = self.by_category.get(c, 0) + v
-
-
-def _field(v: int, name: str) -> int:
-  return (v & getattr(mesa, f"{name}__MASK")) >> getattr(mesa, f"{name}__SHIFT")
 
 
 class Lanes:
@@ -120,7 +117,8 @@ class Batch:
     wsize = lx * ly * lz
     nwg = len(wg_ids)
     self.n = n = nwg * wsize
-    self.prog, self.d, self.gmem, self.images, self.counts, self.kernel = prog, d, gmem, images, counts, kernel
+    self.prog, self.gmem, self.images, self.counts, self.kernel = prog, gmem, images, counts, kernel
+    self.active = n   # lanes the current instruction runs on
     cntl0 = d.regs.get(mesa.REG_A6XX_SP_CS_CNTL_0, 0)
     self.L = L = Lanes(n, bool(cntl0 & mesa.A6XX_SP_CS_CNTL_0_MERGEDREGS), consts)
     cfg = d.regs.get(mesa.REG_A6XX_SP_CS_CONST_CONFIG_0, 0xfcfcfcfc)
@@ -132,7 +130,6 @@ class Batch:
         L.full[lid_reg + c] = np.tile(lid[c], nwg)
       if wgid_reg != 0xfc:
         L.full[wgid_reg + c] = np.repeat(wg_ids[:, c].astype(np.uint32), wsize)
-    self.wsize = wsize
     cntl1 = d.regs.get(mesa.REG_A6XX_SP_CS_CNTL_1, 0)
     self.shared_bytes = (_field(cntl1, "A6XX_SP_CS_CNTL_1_SHARED_SIZE") + 1) * 1024
     self.shared = np.zeros(nwg * self.shared_bytes, np.uint8)
@@ -147,13 +144,14 @@ class Batch:
   def run(self) -> None:
     prog, n = self.prog, self.n
     alive = np.ones(n, np.bool_)
+    all_alive = True                    # no lane has ended yet: uniform instructions need no mask
     pcs: np.ndarray | None = None       # per-lane PCs, only while lanes diverge
     pc = 0
     pred_stack: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (lanes at predt, p0.x at predt, lanes enabled now)
     handlers = _handlers(prog)
     while True:
       if pcs is None:
-        at = alive if not alive.all() else None
+        at = None if all_alive else alive
       else:
         live = pcs[alive]
         if live.size == 0:
@@ -161,7 +159,7 @@ class Batch:
         pc = int(live.min())
         at = alive & (pcs == pc)
         if at.sum() == live.size:      # every live lane is here again: back to one PC
-          pcs, at = None, (alive if not alive.all() else None)
+          pcs, at = None, (None if all_alive else alive)
       if pc >= len(prog):
         raise self.fault(len(prog) - 1, "ran past the end of the program (no 'end')")
       ins = prog.instrs[pc]
@@ -170,7 +168,7 @@ class Batch:
         mask = pred_stack[-1][2] if mask is None else (mask & pred_stack[-1][2])
       cat = ins.cat
       nxt = pc + 1
-      active = self.n if mask is None else int(np.count_nonzero(mask))
+      self.active = active = self.n if mask is None else int(np.count_nonzero(mask))
       self.counts.instrs += active * (ins.repeat + 1)
       self.counts.by_category[cat] = self.counts.by_category.get(cat, 0) + active * (ins.repeat + 1)
       try:
@@ -180,6 +178,7 @@ class Batch:
             if at is None:
               return
             alive &= ~at
+            all_alive = False
             if not alive.any():
               return
           elif op == "nop" or op.startswith(("bar", "fence")):
@@ -278,7 +277,7 @@ def _cat1(b: Batch, ins: Instr, mask) -> None:
       res = alu.convert(np.uint32(src.index & 0xffffffff), st, dt, False)
     else:
       res = alu.convert(L.read(src, s, src.half), st, dt, src.half)
-    L.write(dst, s, alu.to_bits(res, dst.half) if dst.kind == "r" else res, mask)
+    L.write(dst, s, alu.to_bits(res, dst.half), mask)
 
 
 def _cat2(b: Batch, ins: Instr, mask) -> None:
@@ -294,10 +293,7 @@ def _cat2(b: Batch, ins: Instr, mask) -> None:
     res = alu.cat2(op, ins.cond, srcs, kind)
     if "sat" in ins.flags and kind == "f":
       res = np.clip(res, 0, 1)
-    if dst.kind == "p":
-      L.write(dst, s, res, mask)
-    else:
-      L.write(dst, s, alu.to_bits(res, dst.half), mask)
+    L.write(dst, s, alu.to_bits(res, dst.half), mask)
 
 
 def _cat3(b: Batch, ins: Instr, mask) -> None:
@@ -323,7 +319,7 @@ def _cat4(b: Batch, ins: Instr, mask) -> None:
   for s in range(ins.repeat + 1):
     v = _typed(L, src, s, src.half, "f").astype(np.float32)
     L.write(dst, s, alu.to_bits(alu.CAT4[ins.op](v), dst.half), mask)
-    b.counts.sfu += b.n if mask is None else int(np.count_nonzero(mask))
+    b.counts.sfu += b.active
 
 
 def _cat5(b: Batch, ins: Instr, mask) -> None:
@@ -338,10 +334,9 @@ def _cat5(b: Batch, ins: Instr, mask) -> None:
   comp = 0
   for c in range(4):
     if ins.extra["wrmask"] >> c & 1:
-      v = texels[c].astype(np.float16) if ins.types[0] == "f16" else texels[c].astype(np.float32)
-      L.write(dst, comp, v.view(np.uint16 if dst.half else np.uint32) if dst.half == (ins.types[0] == "f16") else alu.to_bits(v, dst.half), mask)
+      L.write(dst, comp, alu.to_bits(texels[c], dst.half), mask)   # rounded to the destination's precision
       comp += 1
-  b.counts.tex += b.n if mask is None else int(np.count_nonzero(mask))
+  b.counts.tex += b.active
 
 
 _MEM_BYTES = {"u32": 4, "s32": 4, "f32": 4, "b32": 4, "u16": 2, "s16": 2, "f16": 2, "b16": 2, "u8": 1, "s8": 1}

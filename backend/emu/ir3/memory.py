@@ -10,6 +10,7 @@ import numpy as np
 from tinygrad.runtime.autogen import mesa
 
 from backend.emu.executor import Dispatch, GpuFault
+from backend.emu.pm4 import field as _f
 
 
 def load_bytes(buf: np.ndarray, offs: np.ndarray, nbytes: int) -> np.ndarray:
@@ -79,10 +80,6 @@ class GlobalMemory:
     if iova - start + nbytes > arr.size:
       raise GpuFault(f"{what} at {iova:#x}+{nbytes:#x} runs past the end of its BO")
     return arr[iova - start:iova - start + nbytes]
-
-
-def _f(v: int, name: str) -> int:
-  return (v & getattr(mesa, f"{name}__MASK")) >> getattr(mesa, f"{name}__SHIFT")
 
 
 # texel formats the QCOM runtime writes into descriptors: (bytes per texel, numpy component type)
