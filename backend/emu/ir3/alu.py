@@ -121,7 +121,7 @@ CAT2: dict[str, tuple[str, Callable]] = {
 CMPS = {"cmps.f": "f", "cmps.u": "u", "cmps.s": "s"}
 
 
-def cat2(op: str, cond: str, srcs: list[np.ndarray], kind: str) -> np.ndarray:
+def cat2(op: str, cond: str, srcs: list[np.ndarray]) -> np.ndarray:
   if op in CMPS:
     return _cmp(cond)(srcs[0], srcs[1])
   return CAT2[op][1](*srcs)

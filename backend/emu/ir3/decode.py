@@ -19,7 +19,6 @@ from backend.emu.ir3.mesa_isa import MesaInstr, disassemble
 COMPS = "xyzw"
 # register numbers above the general file, as scalar indices (reg * 4 + component)
 REG_A0 = 61 * 4
-REG_P0 = 62 * 4
 _TYPES = {"f32", "f16", "u32", "u16", "s32", "s16", "u8", "s8", "b32", "b16"}
 _FLAG = re.compile(r"\((sy|ss|jp|sat|ul|ei|rpt\d|nop\d)\)\s*")
 _REG = re.compile(r"^(h?)([rcpa])(\d+)\.([xyzw])$")

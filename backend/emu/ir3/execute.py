@@ -290,7 +290,7 @@ def _cat2(b: Batch, ins: Instr, mask) -> None:
   dst = ins.dst[0]
   for s in range(ins.repeat + 1):
     srcs = [_typed(L, o, s, o.half if o.kind == "r" else half, kind) for o in ins.srcs]
-    res = alu.cat2(op, ins.cond, srcs, kind)
+    res = alu.cat2(op, ins.cond, srcs)
     if "sat" in ins.flags and kind == "f":
       res = np.clip(res, 0, 1)
     L.write(dst, s, alu.to_bits(res, dst.half), mask)
