@@ -21,7 +21,8 @@ ref_log = capnp.load(str(REF / "log.capnp"))
 ref_car = capnp.load(str(REF / "car.capnp"))
 
 EVENT_MEMBERS = ["modelV2", "drivingModelData", "cameraOdometry", "carState", "roadCameraState", "wideRoadCameraState", "deviceState",
-                 "liveCalibration", "driverMonitoringState", "carControl", "liveDelay", "carParams"]
+                 "liveCalibration", "driverMonitoringState", "carControl", "liveDelay", "carParams", "initData", "roadEncodeIdx",
+                 "wideRoadEncodeIdx"]
 SIZE_BITS = {"void": 0, "bool": 1, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "enum": 16, "int32": 32, "uint32": 32,
              "float32": 32, "int64": 64, "uint64": 64, "float64": 64}
 
@@ -215,6 +216,7 @@ def test_unknown_upstream_member_is_reported_not_misread():
 def test_enums_match_by_value():
   assert dict(log.FrameData.ImageSensor.schema.enumerants) == dict(ref_log.FrameData.ImageSensor.schema.enumerants)
   assert dict(log.InitData.DeviceType.schema.enumerants) == dict(ref_log.InitData.DeviceType.schema.enumerants)
+  assert dict(log.EncodeIndex.Type.schema.enumerants) == dict(ref_log.EncodeIndex.Type.schema.enumerants)
   ev = ref_log.Event.new_message()
   ev.init("deviceState").deviceType = "mici"
   with log.Event.from_bytes(ev.to_bytes()) as r:
@@ -276,3 +278,24 @@ def test_also_compatible_with_april_2026_master():
   r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, "SCHEMA_REF_DIR": str(master), "PYTHONPATH": pp},
                      cwd=tests_dir, capture_output=True, text=True, timeout=120)
   assert r.returncode == 0 and r.stdout.strip() == "compatible", r.stderr[-2000:]
+
+
+def test_encode_index_from_reference_reads_as_ours():
+  """The fields replay maps frames with, written by openpilot's schema (as loggerd does), read back through ours."""
+  ev = ref_log.Event.new_message(logMonoTime=5)
+  idx = ev.init("wideRoadEncodeIdx")
+  idx.frameId, idx.type, idx.encodeId, idx.segmentNum, idx.segmentId, idx.segmentIdEncode = 1202, "fullHEVC", 4321, 3, 1199, 1199
+  idx.timestampSof, idx.timestampEof = 10**12, 10**12 + 30_000_000
+  with log.Event.from_bytes(ev.to_bytes()) as r:
+    assert r.which() == "wideRoadEncodeIdx"
+    w = r.wideRoadEncodeIdx
+    assert (w.frameId, str(w.type), w.encodeId, w.segmentNum, w.segmentId, w.segmentIdEncode) == (1202, "fullHEVC", 4321, 3, 1199, 1199)
+    assert (w.timestampSof, w.timestampEof) == (10**12, 10**12 + 30_000_000)
+  init = ref_log.Event.new_message()
+  d = init.init("initData")
+  d.dongleId, d.deviceType, d.version, d.wallTimeNanos = "0123456789abcdef", "tizi", "0.11.0", 1_700_000_000 * 10**9
+  d.init("androidProperties")  # a Map we hold only as a placeholder
+  with log.Event.from_bytes(init.to_bytes()) as r:
+    assert r.which() == "initData"
+    assert (r.initData.dongleId, str(r.initData.deviceType), r.initData.version) == ("0123456789abcdef", "tizi", "0.11.0")
+    assert r.initData.wallTimeNanos == 1_700_000_000 * 10**9

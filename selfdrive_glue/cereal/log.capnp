@@ -12,7 +12,7 @@ using Car = import "car.capnp";
 struct Event {
   logMonoTime @0 :UInt64;
   union {
-    initData @1 :AnyPointer;
+    initData @1 :InitData;
     roadCameraState @2 :FrameData;
     gpsNMEA @3 :AnyPointer;
     sensorEventDEPRECATED @4 :AnyPointer;
@@ -26,7 +26,7 @@ struct Event {
     pandaStateDEPRECATED @12 :AnyPointer;
     radarState @13 :AnyPointer;
     liveUIDEPRECATED @14 :AnyPointer;
-    roadEncodeIdx @15 :AnyPointer;
+    roadEncodeIdx @15 :EncodeIndex;
     liveTracksDEPRECATED @16 :AnyPointer;
     sendcan @17 :AnyPointer;
     logMessage @18 :AnyPointer;
@@ -87,7 +87,7 @@ struct Event {
     wideRoadCameraState @74 :FrameData;
     modelV2 @75 :ModelDataV2;
     driverEncodeIdx @76 :AnyPointer;
-    wideRoadEncodeIdx @77 :AnyPointer;
+    wideRoadEncodeIdx @77 :EncodeIndex;
     managerState @78 :AnyPointer;
     uploaderState @79 :AnyPointer;
     peripheralState @80 :AnyPointer;
@@ -165,6 +165,38 @@ struct Event {
 }
 
 struct InitData {
+  kernelArgs @0 :List(Text);
+  unused1 @1 :AnyPointer;
+  dongleId @2 :Text;
+  deviceType @3 :DeviceType;
+  version @4 :Text;
+  unused5 @5 :AnyPointer;
+  unused6 @6 :AnyPointer;
+  unused7 @7 :AnyPointer;
+  pandaInfo @8 :PandaInfo;
+  dirty @9 :Bool;
+  gitCommit @10 :Text;
+  gitBranch @11 :Text;
+  passive @12 :Bool;
+  gitRemote @13 :Text;
+  unused14 @14 :AnyPointer;
+  kernelVersion @15 :Text;
+  unused16 @16 :AnyPointer;
+  unused17 @17 :AnyPointer;
+  osVersion @18 :Text;
+  unused19 @19 :AnyPointer;
+  wallTimeNanos @20 :UInt64;
+  gitCommitDate @21 :Text;
+  bootlogId @22 :Text;
+  gitSrcCommit @23 :Text;
+  gitSrcCommitDate @24 :Text;
+  struct PandaInfo {
+    hasPanda @0 :Bool;
+    dongleId @1 :Text;
+    stVersion @2 :Text;
+    espVersion @3 :Text;
+  }
+
   enum DeviceType {
     unknown @0;
     neo @1;
@@ -213,6 +245,32 @@ struct FrameData {
     ar0231 @1;
     ox03c10 @2;
     os04c10 @3;
+  }
+
+}
+
+# One encoded camera frame: which camera frame it is and where it sits in the segment's video file. Replay maps
+# camera states to video frames through it (modeld_msm/replay.py).
+struct EncodeIndex {
+  frameId @0 :UInt32;
+  type @1 :Type;
+  encodeId @2 :UInt32;
+  segmentNum @3 :Int32;
+  segmentId @4 :UInt32;
+  segmentIdEncode @5 :UInt32;
+  timestampSof @6 :UInt64;
+  timestampEof @7 :UInt64;
+  flags @8 :UInt32;
+  len @9 :UInt32;
+  enum Type {
+    bigBoxLossless @0;
+    fullHEVC @1;
+    bigBoxHEVCDEPRECATED @2;
+    chffrAndroidH264DEPRECATED @3;
+    fullLosslessClipDEPRECATED @4;
+    frontDEPRECATED @5;
+    qcameraH264 @6;
+    livestreamH264 @7;
   }
 
 }
