@@ -1,17 +1,26 @@
-"""openpilot's VisionIPC (msgq as pinned by 0.11), in pure Python: camera frames in shared buffers, announced over msgq.
+"""openpilot's VisionIPC in pure Python: camera frames in shared buffers, announced over msgq.
 
 Control channel: AF_UNIX SOCK_SEQPACKET at /tmp/visionipc_<server> (/tmp/<OPENPILOT_PREFIX>_visionipc_<server>). A client
-sends its stream type as an int32 and gets back, in one message, N raw 112-byte C `VisionBuf` structs plus N fds
-(SCM_RIGHTS); type 4 (VISION_STREAM_MAX) asks for the int32 list of streams instead. Each fd maps len + 8 bytes; the
-last 8 hold the frame id. Frames are announced on msgq endpoint visionipc_<server>_<type> (msgq's 1 MiB default) as a
-48-byte packet: server_id, idx, frame_id, timestamp_sof, timestamp_eof, valid.
+sends its stream type as a 32-bit integer and gets back, in one message, N raw 112-byte C `VisionBuf` structs plus N fds
+(SCM_RIGHTS). Each fd maps len + 8 bytes; the last 8 hold the frame id. Frames are announced on msgq endpoint
+visionipc_<server>_<type> (msgq's 1 MiB default) as a 48-byte packet: server_id, idx, frame_id, timestamp_sof,
+timestamp_eof, valid.
+
+Two dialects of the stream-list request are in the field, and both sides here speak both:
+- msgq as pinned by openpilot 0.11: request 4 (VISION_STREAM_MAX), reply an int32 array (stream types 0..3).
+- msgq after "Remove camera knowledge from visionipc" (commaai/msgq 0e266c1): stream ids are opaque uint32s, request
+  0xffffffff (VISION_STREAM_LIST), reply a uint32 array of up to 64 ids. There 4 is an ordinary stream id.
+A server of either dialect closes the connection without a reply on a request it does not know.
 
 Buffers here are memfds (camerad on a PC uses unlinked /dev/shm files; either is just an fd to the client).
-On a device camerad's buffers are cached ION dma-bufs and the C++ client syncs caches on recv; a plain mmap does not.
+On a device camerad's buffers are cached dma-bufs: the C++ client syncs CPU caches on recv, and so does this one
+(DMA_BUF_IOCTL_SYNC start at recv, end when the next frame arrives), where the fd is a dma-buf.
 """
 from __future__ import annotations
 
 import array
+import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -39,8 +48,13 @@ class VisionStreamType(IntEnum):
   MAP = 3
 
 
-VISION_STREAM_MAX = 4
+VISION_STREAM_MAX = 4                 # 0.11's list request (and its enum's end)
+VISION_STREAM_LIST = 0xFFFFFFFF       # the newest msgq's list request
+MAX_STREAMS = 64                      # the newest client reads at most this many ids
 MAX_FDS = 128
+# linux/dma-buf.h: DMA_BUF_IOCTL_SYNC = _IOW('b', 0, struct dma_buf_sync { __u64 flags; })
+DMA_BUF_IOCTL_SYNC = 0x40086200
+DMA_BUF_SYNC_READ, DMA_BUF_SYNC_START, DMA_BUF_SYNC_END = 1 << 0, 0 << 2, 1 << 2
 # size_t len, mmap_len; void *addr; uint64_t *frame_id; int fd; size_t width, height, stride, uv_offset; uint8_t *y, *uv;
 # uint64_t server_id; size_t idx; enum type; int handle   (LP64 layout, 112 bytes)
 _DESC = struct.Struct("<QQQQi4xQQQQQQQQIi")
@@ -66,6 +80,8 @@ class VisionBuf:
     self.width, self.height, self.stride, self.uv_offset = width, height, stride, uv_offset
     self.idx, self.type, self.server_id = idx, stream, server_id
     self.fd = fd
+    self.sync_fd = -1        # a client's own dup of a dma-buf fd, kept for cache syncs; -1: not a dma-buf
+    self._reading = False
     self._mm: mmap.mmap | None = mmap.mmap(fd, self.mmap_len, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     self.data = np.frombuffer(self._mm, dtype=np.uint8, count=self.len)
     self._fid = np.frombuffer(self._mm, dtype="<u8", count=1, offset=self.len)
@@ -93,10 +109,44 @@ class VisionBuf:
     return _DESC.pack(self.len, self.mmap_len, 0, 0, self.fd, self.width, self.height, self.stride, self.uv_offset, 0, 0,
                       self.server_id, self.idx, self.type, 0)
 
+  def begin_read(self) -> None:
+    """Make the device's writes visible to the CPU (a no-op unless the buffer is a dma-buf)."""
+    if self.sync_fd >= 0 and not self._reading:
+      _dmabuf_sync(self.sync_fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_READ)
+      self._reading = True
+
+  def end_read(self) -> None:
+    if self._reading:
+      self._reading = False
+      _dmabuf_sync(self.sync_fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_READ)
+
   def release(self) -> None:
     """Drop our references; the mapping goes when the last numpy view handed out does."""
+    if self.sync_fd >= 0:
+      try:
+        self.end_read()
+      except OSError:
+        pass   # the fd goes anyway; the next importer starts its own access
+      os.close(self.sync_fd)
+      self.sync_fd = -1
     self.data = self._fid = None  # type: ignore[assignment]
     self._mm = None
+
+
+def _dmabuf_sync(fd: int, flags: int) -> None:
+  fcntl.ioctl(fd, DMA_BUF_IOCTL_SYNC, struct.pack("<Q", flags))
+
+
+def _is_dmabuf(fd: int) -> bool:
+  """A buffer fd that takes DMA_BUF_IOCTL_SYNC. camerad's device buffers do; memfds and shm files answer ENOTTY."""
+  try:
+    _dmabuf_sync(fd, DMA_BUF_SYNC_START | DMA_BUF_SYNC_READ)
+    _dmabuf_sync(fd, DMA_BUF_SYNC_END | DMA_BUF_SYNC_READ)
+    return True
+  except OSError as e:
+    if e.errno != errno.ENOTTY:
+      log.warning("visionipc: buffer fd refused a cache sync (%s); reading it without syncs", e)
+    return False
 
 
 class VisionIpcServer:
@@ -119,6 +169,10 @@ class VisionIpcServer:
   def create_buffers_with_sizes(self, stream: int, num_buffers: int, width: int, height: int, size: int, stride: int,
                                 uv_offset: int) -> None:
     stream = int(stream)
+    if not 0 <= stream < VISION_STREAM_LIST:
+      raise ValueError(f"stream id must be 0..{VISION_STREAM_LIST - 1:#x} (the newest msgq's opaque uint32 ids), got {stream}")
+    if stream not in self.buffers and len(self.buffers) >= MAX_STREAMS:
+      raise ValueError(f"a server offers at most {MAX_STREAMS} streams (what the newest msgq client reads in its list)")
     if not 0 < num_buffers < MAX_FDS:
       raise ValueError(f"num_buffers must be 1..{MAX_FDS - 1}, got {num_buffers}")
     if stream in self.buffers:
@@ -169,9 +223,11 @@ class VisionIpcServer:
     if len(req) != 4:
       log.warning("visionipc %s: bad request of %d bytes", self.name, len(req))
       return
-    stream = struct.unpack("<i", req)[0]
-    if stream == VISION_STREAM_MAX:
-      conn.send(array.array("i", sorted(self.buffers)).tobytes())
+    stream = struct.unpack("<I", req)[0]
+    # VISION_STREAM_MAX is 0.11's list request; a server with a stream 4 can only be in the newest dialect, where 4
+    # names that stream. Both replies are the same bytes: little-endian 32-bit ids (int32 in 0.11, uint32 after).
+    if stream == VISION_STREAM_LIST or (stream == VISION_STREAM_MAX and stream not in self.buffers):
+      conn.send(struct.pack(f"<{len(self.buffers)}I", *sorted(self.buffers)))
       return
     bufs = self.buffers.get(stream)
     if not bufs:
@@ -223,6 +279,32 @@ class VisionIpcServer:
     self.close()
 
 
+_NO_SERVER = object()
+_list_dialect: dict[str, int] = {}   # server socket path -> the list request it last answered
+
+
+def _list_streams(name: str, blocking: bool, request: int):
+  """One list request: the set of ids, None when the server did not answer this dialect, or _NO_SERVER."""
+  s = _connect(name, blocking)
+  if s is None:
+    return _NO_SERVER
+  with s:
+    try:
+      s.send(struct.pack("<I", request))
+      data, anc, _, _ = s.recvmsg(4 * MAX_STREAMS, socket.CMSG_SPACE(MAX_FDS * 4))
+    except OSError:
+      return None   # reset or timed out: the server went away or ignored us; the other dialect may still answer
+  fds = [fd for level, kind, cdata in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+         for fd in array.array("i", cdata[:len(cdata) - len(cdata) % 4])]
+  for fd in fds:
+    os.close(fd)
+  if fds or not data or len(data) % 4:
+    # fds: a newest-dialect server took 4 for its stream 4 and sent buffers. Empty: closed without a reply (a server
+    # of the other dialect), or a server with no streams, which the other request reports just as well.
+    return None
+  return set(struct.unpack(f"<{len(data) // 4}I", data))
+
+
 def _connect(name: str, blocking: bool) -> socket.socket | None:
   path = ipc_path(name)
   while True:
@@ -247,11 +329,14 @@ class VisionIpcClient:
     self.buffers: list[VisionBuf] = []
     self.connected = False
     self.bad_packets = 0
+    self.sync_errors = 0
+    self._reading: VisionBuf | None = None   # the frame last handed out, while its CPU access is open
     self.frame_id = self.timestamp_sof = self.timestamp_eof = 0
     self.valid = False
 
   def connect(self, blocking: bool) -> bool:
     self.connected = False
+    self._reading = None
     for b in self.buffers:
       b.release()
     self.buffers = []
@@ -259,24 +344,31 @@ class VisionIpcClient:
     if s is None:
       return False
     fds: list[int] = []
+    bufs: list[VisionBuf] = []
     try:
       with s:
-        s.send(struct.pack("<i", self.type))
+        s.send(struct.pack("<I", self.type))
         msg, anc, flags, _ = s.recvmsg(_DESC.size * MAX_FDS, socket.CMSG_SPACE(MAX_FDS * 4))
         for level, kind, cdata in anc:
           if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
       if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC) or not msg or len(msg) != _DESC.size * len(fds):
         raise OSError(f"bad buffer reply: {len(msg)} bytes, {len(fds)} fds, flags {flags:#x}")
-      bufs = []
       for i, fd in enumerate(fds):
         ln, mmap_len, _, _, _, w, h, stride, uv_off, _, _, sid, idx, tp, _ = _DESC.unpack_from(msg, i * _DESC.size)
         bufs.append(VisionBuf(fd, ln, w, h, stride, uv_off, idx, tp, sid, mmap_len))
-        os.close(fd)   # the mapping keeps the memory
+        if _is_dmabuf(fd):
+          bufs[-1].sync_fd = fd   # cached device memory: keep the fd for the syncs around each read
+        else:
+          os.close(fd)            # the mapping keeps the memory
+        fds[i] = -1
       fds = []
     except OSError as e:
       for fd in fds:
-        os.close(fd)
+        if fd >= 0:
+          os.close(fd)
+      for b in bufs:
+        b.release()
       log.warning("visionipc %s: connect for stream %d failed: %s", self.name, self.type, e)
       return False
     self.buffers = bufs
@@ -321,7 +413,24 @@ class VisionIpcClient:
         self.connected = False   # openpilot's contract: the caller must connect() again
       return None
     self.frame_id, self.timestamp_sof, self.timestamp_eof, self.valid = frame_id, sof, eof, valid
+    self._sync_for_read(buf)
     return buf
+
+  def _sync_for_read(self, buf: VisionBuf) -> None:
+    """End the CPU access to the frame handed out before (the caller is done with it) and begin one for this frame,
+    as the C++ client syncs each buffer on recv. A failed sync is logged and counted; the frame is still returned."""
+    failed: OSError | None = None
+    steps = [buf.begin_read] if self._reading is None or self._reading is buf else [self._reading.end_read, buf.begin_read]
+    for step in steps:   # one failing step must not skip the other
+      try:
+        step()
+      except OSError as e:
+        failed = e
+    self._reading = buf
+    if failed is not None:
+      self.sync_errors += 1
+      if self.sync_errors == 1 or self.sync_errors % 100 == 0:
+        log.warning("visionipc %s: buffer cache sync failed (%d so far): %s", self.name, self.sync_errors, failed)
 
   def _lookup(self, server_id: int, idx: int) -> VisionBuf | None:
     if idx >= len(self.buffers) or self.buffers[idx].server_id != server_id:
@@ -330,20 +439,25 @@ class VisionIpcClient:
 
   @staticmethod
   def available_streams(name: str, block: bool) -> set:
-    """Stream types the server offers (VisionStreamType members), empty if no server answers."""
-    s = _connect(name, block)
-    if s is None:
-      return set()
-    with s:
-      try:
-        s.send(struct.pack("<i", VISION_STREAM_MAX))
-        data = s.recv(4 * 64)
-      except OSError:
+    """Stream types the server offers (VisionStreamType members where known, else the raw id), empty if no server answers.
+
+    Asks in the dialect this server answered last (0.11's first), then in the other: each dialect's server closes the
+    connection on the other's request, so a second connection settles it."""
+    order = (VISION_STREAM_MAX, VISION_STREAM_LIST)
+    if _list_dialect.get(ipc_path(name)) == VISION_STREAM_LIST:
+      order = order[::-1]
+    for req in order:
+      got = _list_streams(name, block, req)
+      if got is _NO_SERVER:
         return set()
-    known = {int(t) for t in VisionStreamType}
-    return {VisionStreamType(t) if t in known else t for t in array.array("i", data[:len(data) - len(data) % 4])}
+      if isinstance(got, set):
+        _list_dialect[ipc_path(name)] = req
+        known = {int(t) for t in VisionStreamType}
+        return {VisionStreamType(t) if t in known else t for t in got}
+    return set()
 
   def close(self) -> None:
+    self._reading = None
     for b in self.buffers:
       b.release()
     self.buffers = []

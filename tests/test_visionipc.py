@@ -297,3 +297,64 @@ def test_server_accepts_clients_when_the_process_has_more_than_1024_files(prefix
     for fd in fillers:
       os.close(fd)
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_client_syncs_dma_buf_caches_around_each_read(monkeypatch):
+  """On the device camerad's buffers are cached dma-bufs and the C++ client syncs on recv. Ours brackets each frame
+  with DMA_BUF_IOCTL_SYNC (_IOW('b', 0, u64) = 0x40086200): START|READ (1) at recv, END|READ (5) when the next
+  frame is taken or the client closes. Memfds answer ENOTTY, so here the dma-buf is stood in for by the ioctl."""
+  import errno
+  import fcntl
+
+  calls: list[tuple[int, int, int]] = []
+  dmabuf_inodes: set[int] = set()
+  fail = []
+
+  def fake_ioctl(fd, req, arg):
+    if os.fstat(fd).st_ino not in dmabuf_inodes:
+      raise OSError(errno.ENOTTY, "not a dma-buf")
+    if fail:
+      fail.pop()
+      raise OSError(errno.EIO, "sync failed")
+    calls.append((os.fstat(fd).st_ino, req, struct.unpack("<Q", arg)[0]))
+    return 0
+  monkeypatch.setattr(fcntl, "ioctl", fake_ioctl)
+  with VisionIpcServer("dmabuf") as srv:
+    srv.create_buffers(ROAD, 2, 64, 32)
+    srv.create_buffers(WIDE, 2, 64, 32)
+    srv.start_listener()
+    ino = [os.fstat(b.fd).st_ino for b in srv.buffers[ROAD]]
+    dmabuf_inodes.update(ino)
+    size = srv.buffers[ROAD][0].len
+
+    def nfds():
+      return len(os.listdir("/proc/self/fd"))
+    fds_before = nfds()
+    plain = VisionIpcClient("dmabuf", WIDE, False)          # not a dma-buf: no fd kept, no syncs, nothing counted
+    fds_unconnected = nfds()
+    assert plain.connect(False) and all(b.sync_fd == -1 for b in plain.buffers)
+    per_mapping = nfds() - fds_unconnected                  # (Python's mmap holds a dup of each fd it maps)
+    srv.send(WIDE, _frame(1, size), frame_id=1)
+    assert plain.recv(1000) is not None and plain.sync_errors == 0 and calls == []
+
+    client = VisionIpcClient("dmabuf", ROAD, False)
+    fds_plain = nfds()
+    assert client.connect(False) and all(b.sync_fd >= 0 for b in client.buffers)
+    assert nfds() - fds_plain == per_mapping + 2            # plus the kept fd of each of the 2 buffers
+    calls.clear()                                           # (connect probed each fd with a START/END pair)
+    srv.send(ROAD, _frame(1, size), frame_id=1)
+    assert client.recv(1000) is not None
+    assert calls == [(ino[0], 0x40086200, 1)]
+    srv.send(ROAD, _frame(2, size), frame_id=2)
+    assert client.recv(1000) is not None and _is_frame(client.buffers[1].data, 2)
+    assert calls[1:] == [(ino[0], 0x40086200, 5), (ino[1], 0x40086200, 1)]
+    assert client.sync_errors == 0
+    fail.append(True)                                       # a sync that fails is counted; the frame still comes
+    srv.send(ROAD, _frame(3, size), frame_id=3)
+    assert client.recv(1000) is not None and client.frame_id == 3 and client.sync_errors == 1
+    assert calls[3:] == [(ino[0], 0x40086200, 1)]           # the END of frame 2 failed; the START of frame 3 still ran
+    calls.clear()
+    client.close()
+    assert calls == [(ino[0], 0x40086200, 5)]               # the open access ends before the fds go
+    plain.close()
+    assert nfds() == fds_before
