@@ -1,14 +1,14 @@
-"""The compiled artifact: a directory of pickled TinyJits + metadata.json + manifest.json (sha256 of every file).
+"""The compiled artifact: a directory of pickled TinyJits + metadata.json + manifest.json (sha256 of every file), and
+optionally manifest.sig (an ed25519 signature over the manifest, compile/signing.py).
 
-A pickle is code, so nothing is unpickled until the manifest, the versions and the device have all been checked.
+Nothing is unpickled until the manifest, the signature (when a public key is configured), the versions and the device
+have all been checked, and then only through compile/jit_pickle.py, which constructs the classes a JIT needs and nothing else.
 """
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import pickle
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
+from compile import signing
 from compile.onnx_model import sha256_file
 from modeld_msm.errors import UserError
 
@@ -79,6 +80,7 @@ class VerifiedArtifact:
   path: Path
   meta: dict[str, Any]
   digests: dict[str, str]
+  signed_by: str | None = None  # key id, when a configured public key checked the signature
 
   @property
   def camera(self) -> tuple[int, int]:
@@ -96,20 +98,28 @@ class VerifiedArtifact:
     return {k: slice(a, b) for k, (a, b) in self.meta["models"][kind]["output_slices"].items()}
 
 
-def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[int, int] | None = None) -> VerifiedArtifact:
-  """Check integrity, versions, device and camera. Reads JSON and hashes only; never unpickles."""
+def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[int, int] | None = None,
+                    pubkey: str | os.PathLike | None = None) -> VerifiedArtifact:
+  """Check integrity, signature (pubkey, else $MODELD_PUBKEY, if set), versions, device and camera.
+  Reads JSON and hashes only; never unpickles."""
   path = Path(path)
   if not path.is_dir():
     raise ArtifactError(f"artifact {path} does not exist or is not a directory; {REBUILD_HINT}")
   try:
-    manifest = json.loads((path / MANIFEST).read_text())
-    listed = manifest["files"]
-    assert isinstance(listed, dict) and manifest.get("format") == FORMAT
+    manifest_bytes = (path / MANIFEST).read_bytes()
   except FileNotFoundError:
     raise ArtifactError(f"artifact {path} has no {MANIFEST}; {REBUILD_HINT}") from None
+  try:
+    manifest = json.loads(manifest_bytes)
+    listed = manifest["files"]
   except Exception:
-    raise ArtifactError(f"artifact {path}: {MANIFEST} is corrupt or of another format; {REBUILD_HINT}") from None
-  present = {p.name for p in path.iterdir() if p.name != MANIFEST}
+    listed = None
+  if not isinstance(listed, dict) or manifest.get("format") != FORMAT:
+    raise ArtifactError(f"artifact {path}: {MANIFEST} is corrupt or of another format; {REBUILD_HINT}")
+  signed_by = None
+  if (key := signing.configured_pubkey(pubkey)) is not None:
+    signed_by = signing.check_signature(path, manifest_bytes, key)
+  present = {p.name for p in path.iterdir() if p.name not in (MANIFEST, signing.SIGNATURE)}
   if extra := present - set(listed):
     raise ArtifactError(f"artifact {path} has files not in its manifest: {', '.join(sorted(extra))}; {REBUILD_HINT}")
   for name, digest in listed.items():
@@ -129,7 +139,7 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
   if device is not None and meta.get("device") != device:
     raise ArtifactError(f"artifact {path} is for device {meta.get('device')} ({meta.get('target')}), not {device}; "
                         f"compile one with `modeld-msm compile --device {device}`")
-  art = VerifiedArtifact(path, meta, dict(listed))
+  art = VerifiedArtifact(path, meta, dict(listed), signed_by)
   if camera is not None and art.camera != tuple(camera):
     raise ArtifactError(f"artifact {path} is for camera {art.camera[0]}x{art.camera[1]}, the stream is {camera[0]}x{camera[1]}; "
                         f"compile one with `--camera {camera[0]}x{camera[1]}`")
@@ -150,6 +160,17 @@ def resolve_artifact(path: str | Path, camera: tuple[int, int]) -> Path:
   have = sorted(p.name for p in path.iterdir() if (p / MANIFEST).exists()) if path.is_dir() else []
   raise ArtifactError(f"no artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'}); "
                       f"compile one with `modeld-msm compile --camera {camera[0]}x{camera[1]}`")
+
+
+def sign_tree(path: str | Path, key: Path) -> list[tuple[Path, str]]:
+  """Sign an artifact, or each artifact of a bundle, after verifying it (a tampered artifact is never signed)."""
+  path = Path(path)
+  arts = [path] if (path / MANIFEST).exists() else sorted(p for p in path.iterdir() if (p / MANIFEST).exists()) if path.is_dir() else []
+  if not arts:
+    raise ArtifactError(f"{path} is neither an artifact nor a bundle of artifacts; pass what `modeld-msm compile` or the release build wrote")
+  for a in arts:
+    verify_artifact(a, pubkey="")  # integrity and versions; "" ignores $MODELD_PUBKEY, since the old signature is about to go
+  return [(a, signing.sign_artifact(a, key, MANIFEST)) for a in arts]
 
 
 def activate_target(art: VerifiedArtifact) -> None:
@@ -176,9 +197,13 @@ def _why(e: BaseException) -> str:
 
 
 def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:
-  """Unpickle the (policy, warp) TinyJits of an already verified artifact."""
+  """Unpickle the (policy, warp) TinyJits of an already verified artifact, admitting only the classes a JIT needs."""
+  from compile.jit_pickle import PickleRefused, unpickle_programs
   activate_target(art)
-  return unpickle_programs(_read_checked(art, POLICY_PKL), _read_checked(art, WARP_PKL))
+  try:
+    return unpickle_programs(_read_checked(art, POLICY_PKL), _read_checked(art, WARP_PKL), names=(POLICY_PKL, WARP_PKL))
+  except PickleRefused as e:
+    raise ArtifactError(f"artifact {art.path} refused: {e}; {REBUILD_HINT}") from None
 
 
 def _read_checked(art: VerifiedArtifact, name: str) -> bytes:
@@ -187,39 +212,3 @@ def _read_checked(art: VerifiedArtifact, name: str) -> bytes:
   if hashlib.sha256(data).hexdigest() != art.digests[name]:
     raise ArtifactError(f"artifact {art.path}: {name} changed after verification; {REBUILD_HINT}")
   return data
-
-
-def unpickle_programs(*blobs: bytes) -> tuple[Any, ...]:
-  """Unpickle JITs pickled by one compile process, giving their buffers fresh identities in this process.
-
-  tinygrad names a device buffer by a per-process counter (BUFFER uop `ParamArg.slot`) and deduplicates uops by value,
-  so an unpickled buffer named like a live one *is* that one (tinygrad issue #15682): a JIT loaded after other tensors
-  exist, or tensors made after loading, silently share memory with the JIT's queues and weights. Every buffer slot is
-  renamed to a new counter value; one table serves all blobs so the queues shared by the policy and warp JITs stay shared.
-  """
-  fresh: dict[tuple, int] = {}
-  return tuple(_FreshBufferUnpickler(io.BytesIO(b), fresh).load() for b in blobs)
-
-
-class _FreshBufferUnpickler(pickle.Unpickler):
-  def __init__(self, f, fresh: dict[tuple, int]):
-    super().__init__(f)
-    self.fresh = fresh
-
-  def find_class(self, module: str, name: str) -> Any:
-    cls = super().find_class(module, name)
-    from tinygrad.uop.ops import UOp
-    if cls is not UOp:
-      return cls
-    from dataclasses import replace
-
-    from tinygrad.uop.ops import Ops
-
-    def make_uop(op, dtype=None, src=(), arg=None, tag=None, metadata=None, _buffer=None):
-      if op is Ops.BUFFER and arg is not None and hasattr(arg, "slot") and getattr(arg, "device", None) is not None:
-        key = (arg.slot, arg.device, arg.dtype)
-        if key not in self.fresh:
-          self.fresh[key] = next(UOp.unique_num)
-        arg = replace(arg, slot=self.fresh[key])
-      return UOp(op, dtype, src, arg, tag, metadata, _buffer)
-    return make_uop

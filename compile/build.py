@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from compile import artifact as art_mod
+from compile.jit_pickle import unpickle_programs
 from compile.onnx_model import OnnxModelInfo, load_model_info
 from modeld_msm.errors import UserError
 from selfdrive_glue.nv12 import NV12Info, nv12_info
@@ -259,7 +260,7 @@ def _same_outputs(ref: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarr
 def _check_reload(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, host_t, ref: list[dict[str, np.ndarray]],
                   report: CompileReport) -> None:
   # the runtime's loader gives the loaded JITs buffers of their own (queues zero, as pickled), so the whole plan replays
-  policy, warp = art_mod.unpickle_programs(policy_pkl, warp_pkl)
+  policy, warp = unpickle_programs(policy_pkl, warp_pkl, names=(art_mod.POLICY_PKL, art_mod.WARP_PKL))
   got = _run_sequence(policy, warp, steps, host_np, host_t, {})
   _same_outputs(ref, got, "the reloaded programs")
   if np.array_equal(got[0]["vision"], got[1]["vision"]):
@@ -277,7 +278,7 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
   dev, node = Device[dev_name], _emu_node(dev_name)   # compile_artifact checked that it is the emulated node
   subs0, disp0, faults0 = node.stats.submits, node.stats.dispatches, len(node.stats.faults)
   try:
-    policy, warp = art_mod.unpickle_programs(policy_pkl, warp_pkl)
+    policy, warp = unpickle_programs(policy_pkl, warp_pkl, names=(art_mod.POLICY_PKL, art_mod.WARP_PKL))
     got = _run_sequence(policy, warp, steps, host_np, host_t, {})
     dev.synchronize()
   except (MSMFault, MSMTimeout, OSError) as e:

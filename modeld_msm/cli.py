@@ -11,12 +11,14 @@ import sys
 
 from modeld_msm.errors import UserError
 
-COMMANDS = ["models", "compile", "verify", "serve", "demo", "synth", "replay", "regress", "doctor"]
+COMMANDS = ["models", "compile", "verify", "keygen", "sign", "serve", "demo", "synth", "replay", "regress", "doctor"]
 
 HELP = {
   "models": "write reference driving_vision.onnx / driving_policy.onnx (tiny or full)",
   "compile": "compile vision+policy ONNX into a verified artifact for one camera size and device",
   "verify": "check an artifact (manifest, versions, device) without running it",
+  "keygen": "make an ed25519 key pair for signing release bundles",
+  "sign": "sign an artifact or a release bundle (ed25519) so a configured public key accepts it",
   "serve": "run as openpilot's modeld process",
   "demo": "end-to-end demo on the embedded default: camera server, modeld, listener",
   "synth": "write a synthetic drive segment (rlog + HEVC) from procedurally rendered roads",

@@ -22,9 +22,12 @@ from selfdrive_glue.nv12 import CAMERA_SIZES
 BUNDLE_FILE = "bundle.json"
 
 
-def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: list[str], log=print) -> dict:
-  from compile.artifact import swap_in_dir, verify_artifact
+def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: list[str], log=print, sign_key: Path | None = None) -> dict:
+  from compile import signing
+  from compile.artifact import MANIFEST, swap_in_dir, verify_artifact
   from compile.build import compile_artifact
+  if sign_key is not None:
+    signing.load_private(sign_key)  # a bad key is refused now, not after minutes of compiling
   out = Path(out)
   parent = out.resolve().parent
   parent.mkdir(parents=True, exist_ok=True)
@@ -35,9 +38,11 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
       t = time.perf_counter()
       log(f"[release] {cam} on {device}")
       report = compile_artifact(vision, policy, CAMERA_SIZES[cam], device, tmp / cam, log=log)
-      art = verify_artifact(tmp / cam, device=device.split(":")[0], camera=CAMERA_SIZES[cam])
+      art = verify_artifact(tmp / cam, device=device.split(":")[0], camera=CAMERA_SIZES[cam], pubkey="")
       entries[cam] = {"target": art.target, "seconds": round(time.perf_counter() - t, 1),
                       "checks": [c for c, r, _ in report.checks if r == "ok"]}
+      if sign_key is not None:
+        entries[cam]["signed_by"] = signing.sign_artifact(tmp / cam, sign_key, MANIFEST)
     manifest = {"device": device.split(":")[0], "artifacts": entries, "created_unix": int(time.time())}
     (tmp / BUNDLE_FILE).write_text(json.dumps(manifest, indent=1))
     swap_in_dir(tmp, out)
@@ -54,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--device", default="QCOM", help="QCOM (the car, captured on the emulated render node) or CPU")
   ap.add_argument("--camera", action="append", choices=list(CAMERA_SIZES), help="camera sizes (default: both)")
   ap.add_argument("-o", "--out", type=Path, required=True)
+  ap.add_argument("--sign-key", type=Path, help="ed25519 private key (`modeld-msm keygen`): sign every artifact of the bundle")
   a = ap.parse_args(argv)
   try:
-    m = build_bundle(a.vision, a.policy, a.device, a.out, a.camera or list(CAMERA_SIZES))
+    m = build_bundle(a.vision, a.policy, a.device, a.out, a.camera or list(CAMERA_SIZES), sign_key=a.sign_key)
   except UserError as e:
     print(f"release.build: error: {e}", file=sys.stderr)
     return 2

@@ -2,8 +2,8 @@
 device or camera; `modeld-msm verify` reports that with its exit status and one line.
 
 "Before unpickling" is proven with planted pickles: an artifact whose .pkl files would create a marker directory when
-unpickled, sealed with a consistent manifest. Untampered it does create the marker (the control: the manifest is an
-integrity check, not a signature); with any one defect, it must be refused and the marker must not exist.
+unpickled, sealed with a consistent manifest. With any one defect it must be refused by the checks before loading (not by
+the restricted unpickler behind them, test_artifact_safety.py) and the marker must not exist.
 """
 from __future__ import annotations
 
@@ -81,11 +81,12 @@ def _try_load(d: Path, **kw) -> Exception | None:
   return None
 
 
-def test_planted_control_untampered_artifact_is_unpickled(planted):
+def test_planted_control_payload_is_real(planted):
+  """The plant runs under plain pickle, so its marker's absence below means something."""
   d, markers = planted
   verify_artifact(d, device="CPU", camera=(1928, 1208))
-  _try_load(d, device="CPU", camera=(1928, 1208))
-  assert all(m.is_dir() for m in markers), "the planted pickles must run when nothing is wrong, or the tests below prove nothing"
+  pickle.loads((d / POLICY_PKL).read_bytes())
+  assert markers[0].is_dir(), "the planted pickles must run when unpickled plainly, or the tests below prove nothing"
 
 
 TAMPER = {
@@ -109,6 +110,7 @@ def test_defective_artifact_refused_before_unpickling(case, planted):
   TAMPER[case](d)
   err = _try_load(d, device="CPU", camera=(1928, 1208))
   assert isinstance(err, ArtifactError), f"{case}: got {err!r}"
+  assert "asks for" not in str(err), f"{case}: passed the checks and was stopped only by the restricted unpickler: {err}"
   assert not any(m.exists() for m in markers), f"{case}: a pickle was unpickled before the artifact was refused"
   assert "\n" not in str(err) and "compile" in str(err)  # one line that says how to fix it (rebuild with `modeld-msm compile`)
 
@@ -193,7 +195,7 @@ open(sys.argv[1], "wb").write(pickle.dumps(jit))
 _LOAD = """
 import pickle, sys
 from tinygrad import Tensor
-from compile.artifact import unpickle_programs
+from compile.jit_pickle import unpickle_programs
 z = Tensor.ones(4).contiguous().realize()  # this process's own tensor, made exactly like the capture's weight
 data = open(sys.argv[1], "rb").read()
 jit = pickle.loads(data) if sys.argv[2] == "plain" else unpickle_programs(data)[0]

@@ -10,11 +10,13 @@ def add_arguments(p) -> None:
   p.add_argument("artifact", help="artifact directory written by `modeld-msm compile`")
   p.add_argument("--device", help="require this device (CPU or QCOM)")
   p.add_argument("--camera", help="require this camera size, e.g. 1928x1208")
+  p.add_argument("--pubkey", help="require a valid signature by this public key (default: $MODELD_PUBKEY, if set)")
 
 
 def run(args) -> int:
   from compile.artifact import verify_artifact
-  art = verify_artifact(args.artifact, device=args.device, camera=parse_camera(args.camera) if args.camera else None)
+  art = verify_artifact(args.artifact, device=args.device, camera=parse_camera(args.camera) if args.camera else None,
+                        pubkey=args.pubkey)
   m = art.meta
   print(f"{art.path}: OK")
   print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}")
@@ -22,5 +24,6 @@ def run(args) -> int:
   print("  versions " + "  ".join(f"{k} {v}" for k, v in m["versions"].items()))
   for kind, mm in m["models"].items():
     print(f"  {kind:7s} {mm['file']}  sha256 {mm['sha256'][:16]}…  out {mm['output_shapes']}")
-  print(f"  files    {len(art.digests)} checked against the manifest")
+  print(f"  files    {len(art.digests)} checked against the manifest; " +
+        (f"signed by key {art.signed_by}" if art.signed_by else "signature not checked (no public key configured)"))
   return 0
