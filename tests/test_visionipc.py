@@ -205,25 +205,27 @@ def test_wire_format_seen_by_a_raw_client():
       os.close(fd)
 
 
+# stream types as plain ints (ROAD 0, WIDE_ROAD 2): msgq 0.11 takes them for its enum, the newest msgq has no enum at all
 CPP_CAMERA = """
 import time, numpy as np
-from msgq.visionipc import VisionIpcServer, VisionIpcClient, VisionStreamType as T
+from msgq.visionipc import VisionIpcServer, VisionIpcClient
 s = VisionIpcServer("cppcam")
-s.create_buffers_with_sizes(T.VISION_STREAM_ROAD, 4, 1928, 1208, 4804608, 2048, 2490368)
+s.create_buffers_with_sizes(0, 4, 1928, 1208, 4804608, 2048, 2490368)
 s.start_listener()
 print("ready", flush=True)
 input()
 for i in range(10):
-  s.send(T.VISION_STREAM_ROAD, np.full(4804608, i, np.uint8), i, 100 + i, 200 + i)
+  s.send(0, np.full(4804608, i, np.uint8), i, 100 + i, 200 + i)
   time.sleep(0.02)
-c = VisionIpcClient("pycam", T.VISION_STREAM_WIDE_ROAD, False)
+print("streams", *sorted(int(t) for t in VisionIpcClient.available_streams("pycam", True)), flush=True)
+c = VisionIpcClient("pycam", 2, False)
 assert c.connect(True)
 print("geom", c.width, c.height, c.stride, c.uv_offset, c.buffer_len, flush=True)
 ok = 0
 while ok < 5:
   b = c.recv(2000)
   assert b is not None
-  ok += int(b.data[1000]) == c.frame_id and c.timestamp_sof == 100 + c.frame_id and c.timestamp_eof == 200 + c.frame_id
+  ok += int(np.asarray(b.data)[1000]) == c.frame_id and c.timestamp_sof == 100 + c.frame_id and c.timestamp_eof == 200 + c.frame_id
 print("ok", ok, flush=True)
 """
 
@@ -239,6 +241,7 @@ def _expect(proc, word: str) -> str:
 
 @pytest.mark.skipif(not os.environ.get("MSGQ_PATH"), reason="set MSGQ_PATH to a built commaai/msgq checkout to test against C++")
 def test_interop_with_cpp_visionipc(prefix):
+  """Both ways against C++ msgq: run once per msgq revision (README's compatibility table: 0.11's ed27777, newest 0e266c1)."""
   import subprocess
   import sys
   os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)   # C++ msgq expects the prefix folder to exist
@@ -259,6 +262,7 @@ def test_interop_with_cpp_visionipc(prefix):
         assert int(b.data[1000]) == client.frame_id and client.timestamp_sof == 100 + client.frame_id
         ids.append(client.frame_id)
       assert ids == list(range(10))
+      assert _expect(cpp, "streams").split() == ["streams", "2"]   # our server answered the C++ client's list request
       assert _expect(cpp, "geom").split() == ["geom", "1928", "1208", "2048", "2490368", "4804608"]
       for i in range(40):
         srv.send(WIDE, np.full(4804608, i, np.uint8), i, 100 + i, 200 + i)
