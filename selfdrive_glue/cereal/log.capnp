@@ -160,6 +160,8 @@ struct Event {
     rawAudioData @147 :AnyPointer;
     bookmarkButton @148 :AnyPointer;
     audioFeedback @149 :AnyPointer;
+    lateralManeuverPlan @150 :AnyPointer;
+    driverMonitoringStateV2 @151 :DriverMonitoringStateV2;
   }
   valid @67 :Bool = true;
 }
@@ -375,6 +377,20 @@ struct DriverMonitoringState {
   distractedType @17 :UInt32;
   unused18 @18 :AnyPointer;
   uncertainCount @19 :UInt32;
+}
+
+# openpilot after PR #37799 (April 2026) sends the driverMonitoringState service as this struct at Event @151 (upstream
+# names the member driverMonitoringState and renames @71 driverMonitoringStateDEPRECATED; both names are taken by 0.11
+# here, so messaging maps this member to its service). modeld reads isRHD only.
+struct DriverMonitoringStateV2 {
+  unused0 @0 :Bool;
+  unused1 @1 :Int8;
+  unused2 @2 :Int8;
+  unused3 @3 :Bool;
+  unused4 @4 :Bool;
+  unused5 @5 :UInt16;
+  unused6 @6 :UInt16;
+  isRHD @7 :Bool;
 }
 
 struct LiveDelayData {
