@@ -21,10 +21,27 @@ from selfdrive_glue.services import SERVICE_LIST, SERVICES, segment_size
 
 __all__ = ["log", "car", "SOURCE", "SERVICES", "SERVICE_LIST", "new_message", "log_from_bytes", "pub_sock", "sub_sock", "PubMaster",
            "SubMaster", "IpcError", "MultiplePublishersError", "BadMessage", "drain_sock_raw", "drain_sock", "recv_sock", "recv_one",
-           "recv_one_or_none", "recv_one_retry", "FrequencyTracker", "Poller"]
+           "recv_one_or_none", "recv_one_retry", "FrequencyTracker", "Poller", "service_of", "member_of"]
 
 _log = logging.getLogger(__name__)
 NO_TRAVERSAL_LIMIT = 2**64 - 1
+
+
+# Event members sent on a service of another name. driverMonitoringState moved to Event @151 in openpilot after PR #37799:
+# our schema (0.11's names) calls that member driverMonitoringStateV2, and openpilot's newer schema calls the old @71
+# driverMonitoringStateDEPRECATED. Either carries isRHD, the one field modeld reads, so both count as the service.
+SERVICE_OF_MEMBER = {"driverMonitoringStateV2": "driverMonitoringState", "driverMonitoringStateDEPRECATED": "driverMonitoringState"}
+
+
+def service_of(evt) -> str:
+  """The service an Event belongs to: its union member's name, or the service that member stands for."""
+  which = evt.which()
+  return SERVICE_OF_MEMBER.get(which, which)
+
+
+def member_of(evt):
+  """The union member's reader, whatever the member is called in the schema in use."""
+  return getattr(evt, evt.which())
 
 
 class BadMessage(ValueError):
@@ -61,7 +78,7 @@ def checked_event(dat: bytes, service: str | None = None) -> capnp.lib.capnp._Dy
   msg = log_from_bytes(dat)
   try:
     _ = msg.total_size  # walks every pointer: out-of-bounds or malformed pointers raise here, not in the caller
-    which = msg.which()
+    which = service_of(msg)
   except (capnp.KjException, ValueError) as e:
     raise BadMessage(f"corrupt Event ({len(dat)} bytes): {str(e).splitlines()[0][:160]}") from e
   if service is not None and which != service:
@@ -227,14 +244,14 @@ class SubMaster:
         s, dat = item
         msg = None if dat is None else self._parse(s, dat)
       else:
-        msg, s = item, (item.which() if item is not None else None)
+        msg, s = item, (service_of(item) if item is not None else None)
       if msg is None or s not in self.data:
         continue
       self.seen[s] = self.updated[s] = True
       self.freq_tracker[s].record(cur_time)
       self.recv_time[s] = cur_time
       self.recv_frame[s] = self.frame
-      self.data[s] = getattr(msg, s)
+      self.data[s] = member_of(msg)
       self.logMonoTime[s] = msg.logMonoTime
       self.valid[s] = msg.valid
 
