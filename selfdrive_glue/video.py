@@ -103,8 +103,13 @@ class VideoReader:
     self.info = nv12_info(self.width, self.height)
     self.error: str | None = None  # set when decoding stopped early on damaged data
 
-  def frames(self, ring: list[np.ndarray] | None = None) -> Iterator[np.ndarray]:
+  def frames(self, ring: list[np.ndarray] | None = None, start: int = 0) -> Iterator[np.ndarray]:
+    """Frames from index `start` on. start > 0 decodes from the keyframe at or before it (at most a GOP of extra work), not
+    from frame 0: replay's warm-up reads only the tail of the previous segment's video."""
     self.error = None
+    if start > 0:
+      yield from self._frames_from(start, ring)
+      return
     n = 0
     with av.open(str(self.path), format=self._fmt) as c:
       st = c.streams.video[0]
@@ -122,6 +127,36 @@ class VideoReader:
           raise UserError(f"{self.path}: frame size changes mid-stream ({frame.width}x{frame.height} after {self.width}x{self.height})")
         yield frame_to_venus(frame, None if not ring else ring[n % len(ring)])
         n += 1
+
+  def _frames_from(self, start: int, ring: list[np.ndarray] | None) -> Iterator[np.ndarray]:
+    key = 0
+    with av.open(str(self.path), format=self._fmt) as c:
+      for i, p in enumerate(q for q in c.demux(video=0) if q.size):
+        if i > start:
+          break
+        if p.is_keyframe:
+          key = i
+    n, pos, i = 0, key, 0  # frames yielded, index of the next decoded frame, packets seen
+    with av.open(str(self.path), format=self._fmt) as c:
+      st = c.streams.video[0]
+      st.thread_type = "AUTO"
+      for pkt in c.demux(st):
+        if pkt.size:
+          i += 1
+          if i <= key:
+            continue
+        try:
+          decoded = st.decode(pkt)  # an empty packet (end of stream) flushes the decoder
+        except av.error.FFmpegError as e:
+          self.error = f"{self.path}: decoding stopped early: {e}"
+          return
+        for frame in decoded:
+          if pos >= start:
+            if (frame.width, frame.height) != (self.width, self.height):
+              raise UserError(f"{self.path}: frame size changes mid-stream ({frame.width}x{frame.height} after {self.width}x{self.height})")
+            yield frame_to_venus(frame, None if not ring else ring[n % len(ring)])
+            n += 1
+          pos += 1
 
   def count(self) -> int:
     """Number of frames, by demuxing packets only (no decode)."""

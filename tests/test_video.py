@@ -135,3 +135,18 @@ def test_recorder_gop_and_no_b_frames(tmp_path, w, h, gop):
     types = {int(getattr(f.pict_type, "value", f.pict_type)) for f in c.decode(video=0)}
   assert keys == [0, gop, 2 * gop]
   assert types == {1, 2}  # AV_PICTURE_TYPE_I and _P only: no B-frames (3), like the recorder
+
+
+def test_frames_from_an_index_match_a_full_decode(tmp_path):
+  """start=k decodes from the keyframe before k (replay's warm-up reads a video's tail): bit-identical to frames()[k:]."""
+  s = RoadScene(5, "1344x760")
+  with VideoWriter(tmp_path / "f.hevc", s.width, s.height, gop=4) as w:
+    for i in range(11):
+      w.write(s.render(i * 0.05))
+  r = VideoReader(tmp_path / "f.hevc")
+  full = [f.copy() for f in r.frames()]
+  for k in (1, 4, 6, 10):
+    tail = list(r.frames(start=k))
+    assert len(tail) == 11 - k and r.error is None, k
+    assert all(np.array_equal(a, b) for a, b in zip(tail, full[k:])), k
+  assert list(r.frames(start=11)) == []
