@@ -10,6 +10,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,15 +86,34 @@ def load_car_params(path: str | None, use_params: bool = True):
   return None
 
 
+def check_artifact_path(path: str | Path) -> None:
+  """Refuse at once a path that holds no artifact at all, rather than learn it once a camera shows up."""
+  p = Path(path)
+  if (p / MANIFEST).exists():
+    return
+  if not p.exists():
+    raise UserError(f"artifact {path} does not exist; pass a directory written by `modeld-msm compile`, or a release bundle")
+  try:
+    bundle = p.is_dir() and any((sub / MANIFEST).exists() for sub in p.iterdir())
+  except OSError as e:
+    raise UserError(f"cannot read artifact {path}: {e.strerror}; check the path and its permissions") from None
+  if not bundle:
+    raise UserError(f"{path} is neither an artifact (no {MANIFEST}) nor a bundle of them (no <w>x<h>/{MANIFEST}); "
+                    "pass what `modeld-msm compile` or the release build wrote")
+
+
 def connect_streams(server: str, stop) -> tuple[VisionIpcClient, VisionIpcClient | None, bool]:
-  """Wait for camerad; main = road (or wide when road is absent), extra = wide when both exist."""
+  """Wait for camerad; main = road (or wide when road is absent), extra = wide when both exist.
+
+  The clients do not reconnect by themselves: after a camerad restart recv() reports the loss, and the caller comes
+  back here, so the new server's streams and geometry are checked again (they may differ)."""
   while not stop():
     streams = VisionIpcClient.available_streams(server, block=False)
     if streams:
       use_extra = VisionStreamType.ROAD in streams and VisionStreamType.WIDE_ROAD in streams
       main_wide = VisionStreamType.ROAD not in streams
-      main = VisionIpcClient(server, VisionStreamType.WIDE_ROAD if main_wide else VisionStreamType.ROAD, True)
-      extra = VisionIpcClient(server, VisionStreamType.WIDE_ROAD, False) if use_extra else None
+      main = VisionIpcClient(server, VisionStreamType.WIDE_ROAD if main_wide else VisionStreamType.ROAD, True, auto_reconnect=False)
+      extra = VisionIpcClient(server, VisionStreamType.WIDE_ROAD, False, auto_reconnect=False) if use_extra else None
       while not stop() and not main.connect(False):
         time.sleep(0.1)
       while extra is not None and not stop() and not extra.connect(False):
@@ -113,7 +133,56 @@ def check_geometry(client: VisionIpcClient) -> tuple[int, int]:
   return size
 
 
+@dataclass
+class Streams:
+  main: VisionIpcClient
+  extra: VisionIpcClient | None
+  main_wide: bool
+  camera: tuple[int, int]
+
+  def connected(self) -> bool:
+    return self.main.is_connected() and (self.extra is None or self.extra.is_connected())
+
+  def close(self) -> None:
+    self.main.close()
+    if self.extra is not None:
+      self.extra.close()
+
+
+def open_streams(server: str, stop) -> Streams:
+  """connect_streams plus the geometry checks; the same path at start-up and after every camerad restart."""
+  main, extra, main_wide = connect_streams(server, stop)
+  try:
+    cam = check_geometry(main)
+    if extra is not None and check_geometry(extra) != cam:
+      raise UserError(f"road and wide streams differ in size ({cam} vs {extra.width}x{extra.height}); both cameras must share one size")
+  except UserError:
+    main.close()
+    if extra is not None:
+      extra.close()
+    raise
+  return Streams(main, extra, main_wide, cam)
+
+
+def adopt_streams(core, old: Streams, new: Streams, make_core, sm) -> ModeldCore:
+  """The core to run on after a reconnect. A new camera size needs its own artifact: a fresh core, given the latest
+  message of every service seen so far. A swap of the main stream (road <-> wide) changes the warp transforms: the
+  core learns it and recomputes them from the last calibration on its next frame."""
+  if new.camera != old.camera:
+    log.warning("camera size changed from %dx%d to %dx%d; loading its artifact", *old.camera, *new.camera)
+    core = make_core(new)
+    for svc in SUBSCRIBED:
+      if sm.seen[svc]:
+        core.on_member(svc, sm[svc])
+  elif new.main_wide != core.main_wide:
+    core.main_wide = new.main_wide
+    if sm.seen["liveCalibration"]:
+      core.on_member("liveCalibration", sm["liveCalibration"])
+  return core
+
+
 def serve(opts: ServeOptions) -> int:
+  check_artifact_path(opts.artifact)   # before anything slow: a wrong path must not wait for a camera
   stopping = False
 
   def _stop(*_):
@@ -129,12 +198,12 @@ def serve(opts: ServeOptions) -> int:
     # a single artifact: check it and open its device now, so a wrong one is refused before we wait for cameras
     activate_target(verify_artifact(opts.artifact))
   log.info("connecting to VisionIPC server %r", opts.server)
-  main, extra, main_wide = connect_streams(opts.server, lambda: stopping)
-  cam = check_geometry(main)
-  if extra is not None and check_geometry(extra) != cam:
-    raise UserError(f"road and wide streams differ in size ({cam} vs {extra.width}x{extra.height}); both cameras must share one size")
-  core = ModeldCore(resolve_artifact(opts.artifact, cam), car_params=car_params, main_wide=main_wide, camera=cam)
-  log.info("streams: main=%s extra=%s, artifact %s (%s)", "wide" if main_wide else "road", "wide" if extra else "none",
+  streams = open_streams(opts.server, lambda: stopping)
+
+  def make_core(st: Streams) -> ModeldCore:
+    return ModeldCore(resolve_artifact(opts.artifact, st.camera), car_params=car_params, main_wide=st.main_wide, camera=st.camera)
+  core = make_core(streams)
+  log.info("streams: main=%s extra=%s, artifact %s (%s)", "wide" if streams.main_wide else "road", "wide" if streams.extra else "none",
            opts.artifact, core.model.artifact.target)
   pm = messaging.PubMaster(list(PUBLISHED))
   sm = messaging.SubMaster(list(SUBSCRIBED))
@@ -142,13 +211,18 @@ def serve(opts: ServeOptions) -> int:
   main_frame = extra_frame = None
   published = 0
   while not stopping and (opts.max_frames == 0 or published < opts.max_frames):
+    if not streams.connected():
+      log.warning("camera server changed; reconnecting")
+      streams.close()
+      new = open_streams(opts.server, lambda: stopping)
+      core = adopt_streams(core, streams, new, make_core, sm)
+      streams, main_frame, extra_frame = new, None, None   # frames held from the old server are not paired with new ones
+      log.info("streams: main=%s extra=%s", "wide" if streams.main_wide else "road", "wide" if streams.extra else "none")
+    main, extra = streams.main, streams.extra
     # pair main and extra on start-of-frame time (openpilot's 25 ms rule)
     while main_frame is None or (extra_frame is not None and main_frame.timestamp_sof < extra_frame.timestamp_sof + PAIR_WINDOW_NS):
       buf = main.recv()
       if buf is None:
-        if not main.is_connected():
-          log.warning("main camera stream lost; reconnecting")
-          main, extra, main_wide = connect_streams(opts.server, lambda: stopping)
         main_frame = None
         break
       main_frame = Frame(buf.data, main.frame_id, main.timestamp_sof, main.timestamp_eof)
@@ -194,7 +268,8 @@ def main() -> int:
   try:
     return serve(ServeOptions(a.artifact, None if a.demo else a.car_params, realtime=True, use_params=not a.demo))
   except UserError as e:
-    raise SystemExit(f"modeld: error: {e}") from None
+    print(f"modeld: error: {e}", file=sys.stderr)
+    return e.exit_code
 
 
 if __name__ == "__main__":
