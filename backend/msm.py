@@ -28,6 +28,9 @@ from backend.intervals import IntervalIndex
 PAGE = 0x1000
 BO_RW = u.MSM_SUBMIT_BO_READ | u.MSM_SUBMIT_BO_WRITE
 _BO = struct.Struct("<IIQ")   # drm_msm_gem_submit_bo, packed straight into the per-submit table
+# device_fini's drain deadline: tinygrad's finalize synchronized every job first, so what is still in flight then is lost,
+# and waiting the full MSM_WAIT_TIMEOUT_MS for it again would only delay the exit
+FINI_DRAIN_MS = 2000
 
 
 class MSMFault(RuntimeError):
@@ -166,6 +169,7 @@ class MSMIface:
     self._cmd = u.drm_msm_gem_submit_cmd(type=u.MSM_SUBMIT_CMD_BUF)
     self._submit = u.drm_msm_gem_submit(flags=self.submit_flags, queueid=self.queue_id, nr_cmds=1, cmds=ctypes.addressof(self._cmd))
     self.stats: collections.Counter[str] = collections.Counter()
+    self.closed = False
     self.recent: collections.deque[Job] = collections.deque(maxlen=64)   # the last jobs given to the kernel, for tests and doctor
 
   def _open(self):
@@ -283,6 +287,7 @@ class MSMIface:
     """Until the fence retired; then a GPU fault reported by the kernel since the last check raises MSMFault."""
     if fence <= self.retired:
       return
+    self._check_open()
     self._wait(fence, timeout_ms)
     self._check_faults()
 
@@ -378,6 +383,7 @@ class MSMIface:
 
   def sleep(self) -> None:
     """Called while the CPU waits on the timeline: wait for the oldest in-flight job when others are queued behind it, then pump."""
+    self._check_open()
     if not self.inflight:
       self.pump()
     if self.inflight:
@@ -386,6 +392,7 @@ class MSMIface:
 
   def wait_job(self, job: Job) -> None:
     """Until this job has retired (pumping the FIFO as needed)."""
+    self._check_open()
     while not job.fence:
       if not self.inflight:
         self.pump()
@@ -393,23 +400,45 @@ class MSMIface:
       self.pump()
     self.wait_fence(job.fence)
 
-  def drain(self) -> None:
+  def drain(self, timeout_ms: int | None = None) -> None:
+    """Until every pending and in-flight job retired, within one overall deadline (not one per fence): MSMTimeout past it."""
+    total = timeout_ms if timeout_ms is not None else self.settings.wait_timeout_ms
+    end = monotonic_ns() + total * 1_000_000
     while self.pending or self.inflight:
       if self.inflight:
-        self.wait_fence(self.inflight[-1].fence)
+        left_ms = (end - monotonic_ns()) // 1_000_000
+        if left_ms <= 0:
+          raise MSMTimeout(f"drain of {self.path}: {len(self.inflight)} job(s) in flight (oldest fence {self.inflight[0].fence}) and "
+                           f"{len(self.pending)} pending after {total} ms")
+        self.wait_fence(self.inflight[-1].fence, left_ms)
       self.pump()
 
-  def device_fini(self) -> None:
-    try:
-      self.drain()
-    except RuntimeError:
-      pass
+  def _check_open(self) -> None:
+    if self.closed:
+      raise RuntimeError(f"msm submitqueue of {self.path} is closed (device finalized); nothing more can be waited for")
+
+  def device_fini(self, timeout_ms: int = FINI_DRAIN_MS) -> None:
+    """Drain (briefly: tinygrad's finalize has synchronized the real work already), then close the submitqueue whatever
+    happened. A failed drain is raised, not swallowed: its jobs are abandoned, and every later wait on them (queue
+    finalizers, signal waits) fails at once instead of waiting out the deadline again, so a lost fence cannot hang the exit."""
+    err: RuntimeError | None = None
+    if not getattr(self, "closed", True):
+      try:
+        self.drain(timeout_ms)
+      except RuntimeError as e:
+        err = e
+    abandoned = len(self.pending) + len(self.inflight)
+    self.pending.clear()
+    self.inflight.clear()
+    self.closed = True
     if getattr(self, "queue_id", 0):
       try:
         _ioctl(self.fd, u.DRM_IOCTL_MSM_SUBMITQUEUE_CLOSE, ctypes.c_uint32(self.queue_id))
       except OSError:
-        pass
+        pass   # the fd's close drops the queue anyway
       self.queue_id = 0
+    if err is not None:
+      raise RuntimeError(f"msm device teardown of {self.path}: {abandoned} job(s) abandoned: {err}") from err
 
 
 class EMUIface(MSMIface):

@@ -457,3 +457,49 @@ def test_strict_catches_constant_window_past_kernargs(fresh, monkeypatch):
   monkeypatch.setattr(qcom, "CONST_WINDOW", 0)
   with pytest.raises(MSMFault, match=r"LOAD_STATE6 source .*\+0x1000 runs past the end of BO"):
     run(fresh())
+
+
+@emu_only
+def test_drain_has_a_deadline_and_teardown_reports_a_lost_fence(fresh):
+  import time
+  dev = fresh(MSM_WAIT_SLICE_MS=5, MSM_INFLIGHT=4)   # MSM_WAIT_TIMEOUT_MS stays 30 s: a drain without its own deadline waits that long
+  a = Tensor.ones(256, device=dev.device).contiguous().realize()
+  _warm(dev, a, lambda t: t + 1)
+  iface = dev.iface
+  iface.node.inject("WAIT_FENCE", errno.ETIMEDOUT, count=10**6)   # from here on no fence is seen to retire: lost
+  keep = [(a + 1).realize() for _ in range(3)]
+  assert iface.inflight
+  t0 = time.monotonic()
+  with pytest.raises(MSMTimeout, match=r"not retired after \d+ ms|drain of .* after 100 ms"):
+    iface.drain(100)
+  t1 = time.monotonic()
+  with pytest.raises(RuntimeError, match=r"teardown of .*: \d+ job\(s\) abandoned"):
+    iface.device_fini(100)
+  t2 = time.monotonic()
+  assert t1 - t0 < 5 and t2 - t1 < 5 and iface.closed and not iface.inflight and not iface.pending
+  t3 = time.monotonic()
+  for wait in (iface.sleep, lambda: iface.wait_fence(iface.last_fence)):   # later waits fail at once, not after a deadline
+    with pytest.raises(RuntimeError, match="is closed"):
+      wait()
+  assert time.monotonic() - t3 < 1
+  iface.device_fini()   # a second teardown (tinygrad's at exit) finds nothing left to report
+  del keep
+
+
+@emu_only
+def test_process_with_a_lost_fence_exits_and_says_so():
+  r = run_script("""
+    import errno
+    import backend
+    backend.install()
+    from tinygrad import Device, Tensor
+    dev = Device["QCOM"]
+    a = Tensor.ones(256, device="QCOM").contiguous().realize()
+    (a + 1).realize()
+    dev.synchronize()
+    dev.iface.node.inject("WAIT_FENCE", errno.ETIMEDOUT, count=10**6)
+    b = (a + 1).realize()
+    print("queued", flush=True)
+  """, MSM_WAIT_TIMEOUT_MS="1000", MSM_WAIT_SLICE_MS="5")
+  assert "queued" in r.stdout, r.stderr
+  assert "abandoned" in r.stderr and "not retired" in r.stderr, r.stderr[-3000:]
