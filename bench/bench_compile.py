@@ -9,9 +9,11 @@ For each model size and tinygrad configuration, one fresh worker process (so env
      before (in one process the two runtimes' worker threads slowed each other by up to 4x on this 2-core box).
 Ratios are tinygrad / onnxruntime (< 1 means tinygrad is faster), measured back to back on the same machine.
 
-  .venv/bin/python bench/bench_compile.py --size tiny --configs CPU,CPU:LLVM,CPU+BEAM=2,CPU+THREADS=0
-  .venv/bin/python bench/bench_compile.py --size full --configs CPU --iters 30
-A config is DEVICE[+ENV=VALUE...]: the --device of `modeld-msm compile` plus environment for the worker.
+  .venv/bin/python bench/bench_compile.py --size tiny --configs CPU@fp16,CPU@fp32,CPU:LLVM@fp32,CPU@fp32+BEAM=2
+  .venv/bin/python bench/bench_compile.py --size full --configs CPU@fp16,CPU@fp32 --iters 30
+A config is DEVICE[@PRECISION][+ENV=VALUE...]: the --device and --precision (default auto) of `modeld-msm compile`, plus
+environment for the worker (e.g. NUM_CPU_THREADS=1, BEAM=2). The CPU's model and the features that decide fp16 speed head
+the table: compare ratios from one run, not absolute times across machines.
 """
 from __future__ import annotations
 
@@ -61,17 +63,19 @@ def _feeds(path: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
           for n, s in info.input_shapes.items()}
 
 
-def worker(models: Path, device: str, iters: int) -> dict:
-  """Runs in a fresh process: compile, then time the artifact and per-model TinyJits."""
+def worker(models: Path, device: str, iters: int, precision: str) -> dict:
+  """Runs in a fresh process: compile, then time the artifact and per-model TinyJits (in the artifact's precision)."""
   from compile.artifact import load_programs, verify_artifact
   from compile.build import compile_artifact, frame_tensor
   from compile.program import HostInputs
   from selfdrive_glue.nv12 import nv12_info
-  res: dict = {"device": device, "env": {k: os.environ[k] for k in ("BEAM", "THREADS", "NUM_CPU_THREADS") if k in os.environ}}
+  res: dict = {"device": device, "env": {k: os.environ[k] for k in ("BEAM", "NUM_CPU_THREADS") if k in os.environ}}
   out = Path(tempfile.mkdtemp(prefix="bench_compile_")) / "artifact"
   t = time.perf_counter()
-  compile_artifact(models / "driving_vision.onnx", models / "driving_policy.onnx", CAMERA, device, out, log=lambda *_: None)
+  compile_artifact(models / "driving_vision.onnx", models / "driving_policy.onnx", CAMERA, device, out, log=lambda *_: None,
+                   precision=precision)
   res["compile_s"] = time.perf_counter() - t
+  res["precision"] = verify_artifact(out).meta["precision"]["compute"]
 
   from tinygrad import Device
   dev = Device.DEFAULT
@@ -99,7 +103,7 @@ def worker(models: Path, device: str, iters: int) -> dict:
 
   fns, checks = {"fused": fused, "warp": warp_only}, {}
   for kind in ("vision", "policy"):
-    fns[f"tg_{kind}"], checks[kind] = _per_model(models / f"driving_{kind}.onnx", kind, dev)
+    fns[f"tg_{kind}"], checks[kind] = _per_model(models / f"driving_{kind}.onnx", kind, dev, res["precision"])
   res["load_before"] = os.getloadavg()[0]
   res.update(_measure(fns, iters))
   res["load_after"] = os.getloadavg()[0]
@@ -108,14 +112,18 @@ def worker(models: Path, device: str, iters: int) -> dict:
   return res
 
 
-def _per_model(path: Path, kind: str, dev: str) -> tuple:
+def _per_model(path: Path, kind: str, dev: str, precision: str) -> tuple:
   """One model alone: a TinyJit around tinygrad's OnnxRunner, outputs read back; returns (timed call, accuracy check)."""
   from tinygrad import Tensor, TinyJit
   from tinygrad.nn.onnx import OnnxRunner
+
+  from compile.precision import widen_to_fp32
   feeds = _feeds(path, np.random.default_rng(1))
-  runner = OnnxRunner(path)
+  with tempfile.TemporaryDirectory() as td:
+    runner = OnnxRunner(widen_to_fp32(path, Path(td) / path.name) if precision == "fp32" else path)
   jit = TinyJit(lambda **kw: next(iter(runner(kw).values())).realize())
-  inputs = {k: Tensor(v, device=dev).realize() for k, v in feeds.items()}
+  want = {k: v.dtype for k, v in runner.graph_inputs.items()}
+  inputs = {k: Tensor(v.astype(np.float32) if v.dtype == np.float16 else v, device=dev).cast(want[k]).realize() for k, v in feeds.items()}
 
   def check() -> float:
     import onnxruntime as ort
@@ -136,9 +144,10 @@ def ort_worker(models: Path, iters: int) -> dict:
   return _measure(fns, iters)
 
 
-def _parse_config(cfg: str) -> tuple[str, dict[str, str]]:
-  device, *envs = cfg.split("+")
-  return device, dict(e.split("=", 1) for e in envs)
+def _parse_config(cfg: str) -> tuple[str, str, dict[str, str]]:
+  target, *envs = cfg.split("+")
+  device, _, precision = target.partition("@")
+  return device, precision or "auto", dict(e.split("=", 1) for e in envs)
 
 
 def _run_worker(args: list[str], env: dict[str, str], timeout: float) -> dict:
@@ -150,11 +159,12 @@ def _run_worker(args: list[str], env: dict[str, str], timeout: float) -> dict:
 
 def run_config(models: Path, cfg: str, iters: int, timeout: float) -> dict:
   """onnxruntime in one fresh process, then tinygrad (compile + timing) in another, back to back."""
-  device, env = _parse_config(cfg)
+  device, precision, env = _parse_config(cfg)
   t = time.perf_counter()
   try:
     res = _run_worker(["--worker", "ort", "--models", str(models), "--iters", str(iters)], {}, timeout)
-    res.update(_run_worker(["--worker", "tinygrad", "--models", str(models), "--device", device, "--iters", str(iters)], env, timeout))
+    res.update(_run_worker(["--worker", "tinygrad", "--models", str(models), "--device", device, "--iters", str(iters),
+                            "--precision", precision], env, timeout))
   except subprocess.TimeoutExpired:
     return {"config": cfg, "error": f"timed out after {timeout:.0f} s"}
   except RuntimeError as e:
@@ -164,9 +174,10 @@ def run_config(models: Path, cfg: str, iters: int, timeout: float) -> dict:
 
 
 def table(rows: list[dict]) -> str:
+  from compile.precision import cpu_info
   head = (f"{'size':5s} {'config':16s} {'compile':>8s} | {'vision tg p50/p99':>18s} {'ORT p50/p99':>14s} {'ratio':>5s} | "
           f"{'policy tg p50/p99':>18s} {'ORT p50/p99':>14s} {'ratio':>5s} | {'fused step p50/p99':>19s} {'vs ORT v+p':>10s} | {'warp':>6s} | load")
-  lines = [head, "-" * len(head)]
+  lines = [f"CPU: {cpu_info().summary()}", head, "-" * len(head)]
   for r in rows:
     if "error" in r:
       lines.append(f"{r['size']:5s} {r['config']:16s} error: {r['error']}")
@@ -174,7 +185,8 @@ def table(rows: list[dict]) -> str:
     def pp(k, r=r):
       return f"{r[k]['p50']:7.2f}/{r[k]['p99']:7.2f}"
     ort_sum = r["ort_vision"]["p50"] + r["ort_policy"]["p50"]
-    lines.append(f"{r['size']:5s} {r['config']:16s} {r['compile_s']:7.1f}s | {pp('tg_vision'):>18s} {pp('ort_vision'):>14s} "
+    cfg = r["config"] if "@" in r["config"] else f"{r['config']}@{r['precision']}"
+    lines.append(f"{r['size']:5s} {cfg:16s} {r['compile_s']:7.1f}s | {pp('tg_vision'):>18s} {pp('ort_vision'):>14s} "
                  f"{r['tg_vision']['p50'] / r['ort_vision']['p50']:5.2f} | {pp('tg_policy'):>18s} {pp('ort_policy'):>14s} "
                  f"{r['tg_policy']['p50'] / r['ort_policy']['p50']:5.2f} | {pp('fused'):>19s} {r['fused']['p50'] / ort_sum:10.2f} | "
                  f"{r['warp']['p50']:6.2f} | {r['load_before']:.1f}-{r['load_after']:.1f}")
@@ -187,16 +199,18 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--size", default="tiny", help="tiny, full, or tiny,full")
-  ap.add_argument("--configs", default="CPU,CPU:LLVM,CPU+BEAM=2,CPU+THREADS=0", help="comma-separated DEVICE[+ENV=VALUE...]")
+  ap.add_argument("--configs", default="CPU@fp16,CPU@fp32,CPU:LLVM@fp32,CPU@fp32+NUM_CPU_THREADS=1",
+                  help="comma-separated DEVICE[@PRECISION][+ENV=VALUE...]")
   ap.add_argument("--iters", type=int, default=0, help="timed calls per measurement (default 200 tiny, 30 full)")
   ap.add_argument("--timeout", type=float, default=1800, help="seconds per config (compile included)")
   ap.add_argument("--json", help="also write the raw results here")
   ap.add_argument("--worker", choices=("ort", "tinygrad"), help=argparse.SUPPRESS)
   ap.add_argument("--models", help=argparse.SUPPRESS)
   ap.add_argument("--device", help=argparse.SUPPRESS)
+  ap.add_argument("--precision", default="auto", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
-    res = ort_worker(Path(args.models), args.iters) if args.worker == "ort" else worker(Path(args.models), args.device, args.iters)
+    res = ort_worker(Path(args.models), args.iters) if args.worker == "ort" else worker(Path(args.models), args.device, args.iters, args.precision)
     print(json.dumps(res))
     return 0
   from compile.refmodels import write_models
@@ -209,7 +223,7 @@ def main() -> int:
       r = run_config(models, cfg, args.iters or (200 if size == "tiny" else 30), args.timeout)
       r["size"] = size
       rows.append(r)
-      print(table([r]).splitlines()[2], file=sys.stderr, flush=True)
+      print(table([r]).splitlines()[3], file=sys.stderr, flush=True)
     shutil.rmtree(models, ignore_errors=True)
   print(table(rows))
   if args.json:

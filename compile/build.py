@@ -18,13 +18,14 @@ import pickle
 import platform
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from compile import artifact as art_mod
+from compile import precision as precision_mod
 from compile.jit_pickle import unpickle_programs
 from compile.onnx_model import OnnxModelInfo, load_model_info
 from modeld_msm.errors import UserError
@@ -72,7 +73,7 @@ def frame_tensor(buf: np.ndarray, device: str):
 
 def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport) -> None:
   import onnxruntime as ort
-  from tinygrad import Tensor, dtypes
+  from tinygrad import Tensor
   sess = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
   worst = 0.0
   for _ in range(2):
@@ -83,7 +84,9 @@ def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: Co
     ref = sess.run(None, feeds)[0].astype(np.float32)
     # inputs enter as the program feeds them (fp32 host data cast on the device): tinygrad 0.14's IR3 path fails to verify
     # the policy graph fed fp16 tensors built from numpy directly (a WHERE mixing half and float)
-    inputs = {k: Tensor(v.astype(np.float32)).cast(dtypes.half) if v.dtype == np.float16 else Tensor(v) for k, v in feeds.items()}
+    # (an fp32-widened runner takes the same values in fp32, exactly)
+    want = {k: v.dtype for k, v in runner.graph_inputs.items()}
+    inputs = {k: Tensor(v.astype(np.float32)).cast(want[k]) if v.dtype == np.float16 else Tensor(v) for k, v in feeds.items()}
     got = next(iter(runner(inputs).values())).float().numpy()
     if not np.isfinite(got).all():
       raise UserError(f"{info.kind} model produces non-finite outputs under tinygrad; check the model file")
@@ -156,7 +159,7 @@ def _run_sequence(policy_fn, warp_fn, steps: _Steps, host_np, host_t, queues) ->
 
 
 def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path,
-                     log=print) -> CompileReport:
+                     log=print, precision: str = "auto") -> CompileReport:
   if device not in TARGETS:
     raise UserError(f"unknown device '{device}': use one of {', '.join(TARGETS)}")
   out_dir = Path(out_dir)
@@ -165,6 +168,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   vinfo, pinfo = load_model_info(vision, "vision"), load_model_info(policy, "policy")
   report.checks.append(("model contract", "ok", f"vision out {vinfo.output_width}, policy out {pinfo.output_width}, "
                         f"{len(vinfo.output_slices)}+{len(pinfo.output_slices)} slices"))
+  compute, why = precision_mod.choose(device, precision)
+  report.checks.append(("precision", "ok", f"{compute}: {why}"))
   _check_out_dir(out_dir)
   capture_target, load_target = TARGETS[device]
   if device == "QCOM":
@@ -181,8 +186,13 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   with Context(**flags):
     from compile.program import DrivingProgram, HostInputs
     nv = nv12_info(*camera)
-    log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target}")
-    prog = DrivingProgram(vinfo, pinfo, nv, dev_name)
+    log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target} in {compute}")
+    with tempfile.TemporaryDirectory(prefix="modeld-msm-fp32-") as td:
+      if compute == "fp32":  # the runners are built from the widened files; onnxruntime below still checks the originals
+        run_v, run_p = (replace(i, path=precision_mod.widen_to_fp32(i.path, Path(td) / i.path.name)) for i in (vinfo, pinfo))
+      else:
+        run_v, run_p = vinfo, pinfo
+      prog = DrivingProgram(run_v, run_p, nv, dev_name)
     report.timings["load"] = time.perf_counter() - t0
     if device == "QCOM":
       if (node := _emu_node(dev_name)) is None:
@@ -243,6 +253,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
                         "output_slices": {k: [s.start, s.stop] for k, s in i.output_slices.items()}, "metadata": i.metadata}
                for i in (vinfo, pinfo)},
     "flags": dict(flags),
+    "precision": {"compute": compute, "why": why, "cpu": precision_mod.cpu_info().summary() if device.startswith("CPU") else None},
     "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, "step_plan": STEP_PLAN},
   }
   art_mod.write_artifact(out_dir, {art_mod.POLICY_PKL: policy_pkl, art_mod.WARP_PKL: warp_pkl}, meta)

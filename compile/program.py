@@ -70,8 +70,9 @@ class DrivingProgram:
 
   def _warp(self, frame: Tensor, big_frame: Tensor, tfm: Tensor, big_tfm: Tensor) -> tuple[Tensor, Tensor]:
     tfm, big_tfm = tfm.to(self.device).cast(dtypes.float32), big_tfm.to(self.device).cast(dtypes.float32)
-    img_q = _push(self.img_q, warp_nv12(frame, tfm, self.nv12))
-    big_img_q = _push(self.big_img_q, warp_nv12(big_frame, big_tfm, self.nv12))
+    # contiguous: left lazy, the gather fuses into the queue shift and runs for every row of the queue (20x slower on CPU)
+    img_q = _push(self.img_q, warp_nv12(frame, tfm, self.nv12).contiguous())
+    big_img_q = _push(self.big_img_q, warp_nv12(big_frame, big_tfm, self.nv12).contiguous())
     # the warp is a gather over the whole frame; split reduces would turn it into 32 partial passes (6x slower on CPU)
     with Context(SPLIT_REDUCEOP=0):
       Tensor.realize(img_q, big_img_q)

@@ -45,7 +45,8 @@ def cached_artifact(size: str, camera: str, device: str, log=print) -> Path:
     h = hashlib.sha256()
     for kind in ("vision", "policy"):
       h.update(models[kind].path.read_bytes())
-    h.update(json.dumps([camera, device, installed_versions()]).encode())
+    from compile.precision import choose
+    h.update(json.dumps([camera, device, installed_versions(), choose(device, "auto")[0]]).encode())
     # the program is built by our own code too: a change there must not reuse a stale artifact
     for src in sorted((Path(__file__).resolve().parents[1] / "compile").glob("*.py")):
       h.update(src.read_bytes())

@@ -12,10 +12,12 @@ def add_arguments(p) -> None:
   p.add_argument("--camera", default="1928x1208", help="camera size: 1928x1208 (ar0231/ox03c10) or 1344x760 (os04c10)")
   p.add_argument("--device", default="CPU", help="CPU (off the car), CPU:LLVM, or QCOM (Adreno 630, captured on the emulated render node)")
   p.add_argument("-o", "--out", required=True, help="artifact directory to write (replaced atomically)")
+  p.add_argument("--precision", choices=("auto", "fp16", "fp32"), default="auto",
+                 help="compute precision of a CPU artifact (default auto: fp32 unless this CPU has native fp16; QCOM is always fp16)")
 
 
 def run(args) -> int:
   from compile.build import compile_artifact
-  report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out)
+  report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out, precision=args.precision)
   print(report.table())
   return 0

@@ -21,6 +21,8 @@ def run(args) -> int:
   print(f"{art.path}: OK")
   print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}")
   print(f"  renderer {m['renderer']}  arch {m['arch']}  host {m['host']}")
+  if prec := m.get("precision"):
+    print(f"  compute  {prec['compute']} ({prec['why']})")
   print("  versions " + "  ".join(f"{k} {v}" for k, v in m["versions"].items()))
   for kind, mm in m["models"].items():
     print(f"  {kind:7s} {mm['file']}  sha256 {mm['sha256'][:16]}…  out {mm['output_shapes']}")

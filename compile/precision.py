@@ -1,0 +1,109 @@
+"""Compute precision per target: the car computes in fp16 like the models; a CPU computes in fp32 unless it has native fp16.
+
+openpilot's models are fp16 inside. On a CPU without fp16 arithmetic (x86 before AVX512-FP16, Arm without FEAT_FP16) the
+clang tinygrad drives turns each fp16 op into convert-compute-convert, scalar: 3-4x slower than the same graph in fp32,
+which vectorises. So for those CPUs the compile step rewrites the graph to fp32 (weights widened exactly, fp16 casts turned
+into fp32 ones); the numerics check against onnxruntime still runs on the original fp16 model, with the same tolerance.
+"""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from modeld_msm.errors import UserError
+
+PRECISIONS = ("auto", "fp16", "fp32")
+# /proc/cpuinfo flags that mean the CPU computes fp16 natively (x86: AVX512-FP16; arm64: FEAT_FP16 as asimdhp/fphp)
+NATIVE_FP16_FLAGS = {"avx512fp16", "asimdhp", "fphp"}
+# shown beside benchmarks: what decides the speed of the CPU artifact
+REPORTED_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512fp16", "amx_fp16", "neon", "asimd", "asimdhp", "fphp")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+  model: str
+  flags: frozenset[str]
+  cores: int
+
+  @property
+  def native_fp16(self) -> bool:
+    return bool(self.flags & NATIVE_FP16_FLAGS)
+
+  def summary(self) -> str:
+    shown = [f for f in REPORTED_FLAGS if f in self.flags]
+    return f"{self.model} ({self.cores} cores; {' '.join(shown) or 'no SIMD flags found'}; native fp16: {'yes' if self.native_fp16 else 'no'})"
+
+
+def cpu_info(cpuinfo: str | None = None) -> CpuInfo:
+  import os
+  text = cpuinfo if cpuinfo is not None else _read_cpuinfo()
+  model, flags = platform.processor() or platform.machine(), set()
+  for line in text.splitlines():
+    key, _, value = line.partition(":")
+    key = key.strip().lower()
+    if key in ("model name", "hardware", "cpu model") and model in ("", platform.machine(), platform.processor()):
+      model = value.strip()
+    elif key in ("flags", "features"):
+      flags.update(value.split())
+  return CpuInfo(model or "unknown CPU", frozenset(flags), os.cpu_count() or 1)
+
+
+def _read_cpuinfo() -> str:
+  try:
+    return Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return ""
+
+
+def choose(device: str, requested: str, cpu: CpuInfo | None = None) -> tuple[str, str]:
+  """-> (precision, why) for a compile of `device`."""
+  if requested not in PRECISIONS:
+    raise UserError(f"unknown precision {requested!r}: use one of {', '.join(PRECISIONS)}")
+  if device.split(":")[0] != "CPU":
+    if requested == "fp32":
+      raise UserError(f"--precision fp32 is for CPU artifacts; {device} computes the models in fp16 like the car (use auto or fp16)")
+    return "fp16", f"{device} computes in the models' own fp16"
+  cpu = cpu or cpu_info()
+  if requested != "auto":
+    return requested, f"requested (this CPU has {'native' if cpu.native_fp16 else 'no native'} fp16)"
+  if cpu.native_fp16:
+    return "fp16", f"{cpu.model} has native fp16 ({' '.join(sorted(cpu.flags & NATIVE_FP16_FLAGS))})"
+  return "fp32", f"{cpu.model} has no native fp16 (no {'/'.join(sorted(NATIVE_FP16_FLAGS))}): fp16 ops would be emulated"
+
+
+def widen_to_fp32(src: Path, dst: Path) -> Path:
+  """Write src with every fp16 tensor, value type and cast made fp32 (exact: fp32 holds every fp16 value)."""
+  import numpy as np
+  import onnx
+  from onnx import AttributeProto, TensorProto, numpy_helper
+
+  def widen(t: TensorProto) -> None:
+    if t.data_type == TensorProto.FLOAT16:
+      t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+
+  m = onnx.load(str(src))
+  g = m.graph
+  for t in g.initializer:
+    widen(t)
+  for vi in (*g.input, *g.output, *g.value_info):
+    if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
+      vi.type.tensor_type.elem_type = TensorProto.FLOAT
+  for n in g.node:
+    if n.op_type not in _TYPED_OPS and any(a.name in ("to", "dtype") for a in n.attribute):
+      raise UserError(f"{src.name}: node {n.name or n.op_type} ({n.op_type}) carries a dtype the fp32 rewrite does not know; "
+                      "compile with --precision fp16")
+    for a in n.attribute:
+      if a.name in ("to", "dtype") and a.type == AttributeProto.INT and a.i == TensorProto.FLOAT16:
+        a.i = TensorProto.FLOAT
+      elif a.type == AttributeProto.TENSOR:
+        widen(a.t)
+      elif a.type == AttributeProto.GRAPH:
+        raise UserError(f"{src.name}: node {n.name or n.op_type} ({n.op_type}) has a subgraph, which the fp32 rewrite does not handle; "
+                        "compile with --precision fp16")
+  onnx.save(m, str(dst))
+  return dst
+
+
+# ops whose dtype attribute the rewrite understands (the output type they name)
+_TYPED_OPS = {"Cast", "ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"}
