@@ -64,6 +64,16 @@ class ModeldCore:
     self.model = ModelState(artifact, device=device, camera=camera)
     self.clock = clock or time.perf_counter
     self.main_wide = main_wide
+    self._init_state(car_params)
+
+  def reset(self, car_params=None) -> None:
+    """Forget everything seen so far (device queues, desire pulse, filters, DesireHelper, calibration, latest messages,
+    counters) but keep the loaded artifact: the next step behaves exactly like the first step of a new core, so one
+    load serves many segments. car_params: the next drive's CarParams (None: the demo default)."""
+    self.model.reset()
+    self._init_state(car_params)
+
+  def _init_state(self, car_params) -> None:
     self.long_delay = float(car_params.longitudinalActuatorDelay) if car_params is not None else DEMO_LONG_ACTUATOR_DELAY
     self.dh = DesireHelper()
     self.drop_filter = FrameDropFilter()

@@ -31,9 +31,29 @@ class ModelState:
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
     self._frames: dict[tuple[str, int], Any] = {}  # tinygrad Tensors
     self.last_times = (0.0, 0.0)  # (device program incl. readback, host parse) of the last run, seconds
-    zero = np.zeros(self.nv12.size, np.uint8)
-    self._zero = zero  # the tensor below points into it
-    self._call(self.warp_jit, self._frame("main", zero), self._frame("extra", zero))  # like openpilot: warm the warp once
+    self.state_buffers: list[Any] | None = None  # the JITs' device buffers that carry state between calls (found on first reset)
+    self._zero = np.zeros(self.nv12.size, np.uint8)  # the warm-up frame tensors point into it
+    self._warm_up()
+
+  def _warm_up(self) -> None:
+    self._call(self.warp_jit, self._frame("main", self._zero), self._frame("extra", self._zero))  # like openpilot: warm the warp once
+
+  def reset(self) -> None:
+    """Back to the state of a freshly loaded artifact (device queues zero, desire pulse and host inputs cleared, warp warmed),
+    keeping the loaded programs, so one load serves many segments. When the programs' state buffers cannot be identified
+    (a JIT shape this code does not know), the programs are loaded again instead: slower, never wrong."""
+    if self.state_buffers is None:
+      self.state_buffers = _state_buffers(self.policy_jit, self.warp_jit)
+    if self.state_buffers:
+      from tinygrad.device import Buffer
+      for buf in self.state_buffers:
+        buf.copy_from(Buffer("PYTHON", buf.size, buf.dtype, opaque=memoryview(bytearray(buf.nbytes))))
+    else:
+      self.policy_jit, self.warp_jit = load_programs(self.artifact)
+    for a in (self.host.desire, self.host.traffic_convention, self.host.tfm, self.host.big_tfm, self.prev_desire):
+      a[...] = 0
+    self.last_times = (0.0, 0.0)
+    self._warm_up()
 
   def _frame(self, key: str, buf: np.ndarray, upload: bool = False):
     """The device tensor for a camera buffer. On CPU it aliases the buffer (zero-copy); on a GPU without host-pointer
@@ -84,3 +104,36 @@ class ModelState:
     if SEND_RAW_PRED:
       out["raw_pred"] = raw.copy()
     return out, raw
+
+
+def _state_buffers(*jits) -> list[Any]:
+  """Device buffers the captured programs read before they write them in a call: the image, feature and desire queues.
+
+  Weights are only read and intermediates are written before they are read, so neither is touched by a reset. Found
+  from the kernels' declared outputs and inputs in call order; [] when a call's accesses are not declared (e.g. a
+  device graph batching several kernels), which makes the caller fall back to reloading."""
+  try:
+    from tinygrad.engine.realize import get_call_arg_uops, get_call_outs_ins
+    from tinygrad.uop.ops import Ops, buffers
+    state: dict[int, Any] = {}
+    for jit in jits:
+      first: dict[Any, str] = {}  # buffer uop -> "read" or "write", whichever a call did first
+      written: set[Any] = set()
+      for call in jit.captured.linear.src:
+        if call.op is not Ops.CALL or call.src[0].op not in (Ops.PROGRAM, Ops.COPY):
+          return []
+        args = get_call_arg_uops(call)
+        outs, ins = get_call_outs_ins(call)
+        for kind, idx in (("read", ins), ("write", outs)):
+          for k in idx:
+            u = args[k] if (cv := args[k].contiguous_view()) is None else cv[0]
+            if u.op is Ops.BUFFER:
+              first.setdefault(u, kind)
+              if kind == "write":
+                written.add(u)
+      for u in written:
+        if first[u] == "read" and (buf := buffers.get(u)) is not None:
+          state[id(buf)] = buf
+    return list(state.values())
+  except (AttributeError, ImportError, IndexError, TypeError):
+    return []
