@@ -5,6 +5,13 @@ qlog.zst holding what modeld subscribes to, at the service table's rates: roadCa
 driverMonitoringState 20 Hz, carState and carControl 100 Hz, liveCalibration and liveDelay 4 Hz, deviceState 2 Hz, plus
 one carParams. carState follows the rendered scene (speed, steering, blinkers); liveCalibration carries the renderer's
 camera rotation, so a model sees pictures and messages that agree.
+
+Segments are shaped like real ones: the log opens with initData, and every encoded frame is announced by
+roadEncodeIdx / wideRoadEncodeIdx (camera frameId -> index in the segment's video). As on a device, the video and the
+camera states do not line up one to one: in segment 0 the videos start ENCODER_LEAD frames after the first camera
+state (the encoder is still starting), and in every segment one road frame is dropped by the encoder (its state is
+logged, its picture is not in fcamera.hevc). `encode_index=False` writes the old shape instead: no index, and frame k of
+each video is camera state k.
 """
 from __future__ import annotations
 
@@ -28,14 +35,33 @@ BOOT_NS = 20_000_000_000  # logMonoTime of the drive's first frame: boot time is
 READOUT_NS = 30_000_000  # sof -> eof
 ISP_NS = 3_000_000  # eof -> camera state published
 WIDE_SOF_OFFSET_NS = 300_000  # the two sensors are synced, not identical
+ENCODE_NS = 8_000_000  # camera state published -> encode index published
+ENCODER_LEAD = 2  # segment 0: camera states start this many frames before the videos (a real 0.9.7 drive shows 2)
 
 
 @dataclass(frozen=True)
 class SynthResult:
   path: Path
-  frames: int
+  frames: int  # camera states per stream
   events: int
   route: str
+  encoded: int = 0  # frames in fcamera.hevc
+
+
+def encoded_positions(n_frames: int, index: int, encode_index: bool = True) -> tuple[list[int], list[int]]:
+  """Which of a segment's camera states (0..n_frames-1) have their frame in the road / the wide video, in video order.
+
+  Real-shaped: segment 0 starts ENCODER_LEAD states late, and the middle road frame is dropped. Segments too short to
+  show both keep every frame they cannot spare."""
+  every = list(range(n_frames))
+  if not encode_index:
+    return every, every
+  lead = ENCODER_LEAD if index == 0 and n_frames > ENCODER_LEAD + 2 else 0
+  wide = every[lead:]
+  road = list(wide)
+  if len(road) >= 3:
+    road.pop(len(road) // 2)
+  return road, wide
 
 
 def sensor_and_device(camera: str) -> tuple[str, str]:
@@ -75,6 +101,30 @@ def fill_frame(sensor: str, frame_id: int, sof: int):
     fd.measuredGreyFraction = 0.25
     fd.targetGreyFraction = 0.25
     fd.exposureValPercent = 50.0
+  return fill
+
+
+def fill_encode_index(frame_id: int, encode_id: int, segment_num: int, segment_id: int, sof: int):
+  """Filler for a roadEncodeIdx / wideRoadEncodeIdx: where the camera frame `frame_id` sits in the segment's video."""
+  def fill(ei):
+    ei.frameId = frame_id
+    ei.type = "fullHEVC"
+    ei.encodeId = encode_id
+    ei.segmentNum = segment_num
+    ei.segmentId = segment_id
+    ei.segmentIdEncode = segment_id  # no B-frames: encode order is presentation order
+    ei.timestampSof = sof
+    ei.timestampEof = sof + READOUT_NS
+  return fill
+
+
+def fill_init_data(seed: int, device: str):
+  def fill(d):
+    d.dongleId = f"{seed & 0xffffffffffffffff:016x}"
+    d.deviceType = device
+    d.version = "modeld-msm synth"
+    d.gitBranch = "synth"
+    d.wallTimeNanos = 1_700_000_000_000_000_000  # fixed: the same seed writes the same bytes
   return fill
 
 
@@ -155,14 +205,17 @@ def fill_device_state(device: str, started_mono: int):
   return fill
 
 
-def segment_events(scene: RoadScene, start_s: float, seconds: float, n_frames: int, wide: bool = True, lateral_delay: float = 0.2) -> list[bytes]:
-  """Serialized, time-ordered Events of one segment starting `start_s` into the drive."""
+def segment_events(scene: RoadScene, start_s: float, seconds: float, n_frames: int, wide: bool = True, lateral_delay: float = 0.2,
+                   index: int = 0, encode_index: bool = True) -> list[bytes]:
+  """Serialized, time-ordered Events of segment `index`, starting `start_s` into the drive."""
   sensor, device = sensor_and_device(scene.camera)
   ev = _Events()
   t0 = BOOT_NS + int(round(start_s * 1e9))
   end = t0 + int(round(seconds * 1e9))
   first_frame = int(round(start_s * FPS))
   rpy = list(scene.calib_rpy)
+  if encode_index:
+    ev.add(t0 - 1_000_000, "initData", fill_init_data(scene.seed, device))
 
   def cp_fill(cp):
     cp.brand = "mock"
@@ -177,8 +230,11 @@ def segment_events(scene: RoadScene, start_s: float, seconds: float, n_frames: i
     cp.steerActuatorDelay = 0.1
   ev.add(t0, "carParams", cp_fill)
 
+  def frame_sof(i: int) -> int:
+    return t0 + i * (1_000_000_000 // FPS)
+
   for i in range(n_frames):
-    sof = t0 + i * (1_000_000_000 // FPS)
+    sof = frame_sof(i)
     fid = first_frame + i
     ev.add(sof + READOUT_NS + ISP_NS, "roadCameraState", fill_frame(sensor, fid, sof))
     if wide:
@@ -186,6 +242,17 @@ def segment_events(scene: RoadScene, start_s: float, seconds: float, n_frames: i
       ev.add(wsof + READOUT_NS + ISP_NS, "wideRoadCameraState", fill_frame(sensor, fid, wsof))
 
     ev.add(sof + 12_000_000, "driverMonitoringState", fill_driver_monitoring)
+
+  if encode_index:
+    # encodeId counts from the start of the route: the frames every earlier segment encoded come first
+    before = [encoded_positions(n_frames, j) for j in range(index)]
+    streams = [("roadEncodeIdx", 0, 0)] + ([("wideRoadEncodeIdx", 1, WIDE_SOF_OFFSET_NS)] if wide else [])
+    for service, which, sof_offset in streams:
+      encoded = encoded_positions(n_frames, index)[which]
+      base = sum(len(b[which]) for b in before)
+      for k, i in enumerate(encoded):
+        sof = frame_sof(i) + sof_offset
+        ev.add(sof + READOUT_NS + ISP_NS + ENCODE_NS, service, fill_encode_index(first_frame + i, base + k, index, k, sof))
 
   for k in range(int(math.ceil(seconds * 100))):
     mono = t0 + k * 10_000_000 + 1_000_000
@@ -213,8 +280,10 @@ def segment_events(scene: RoadScene, start_s: float, seconds: float, n_frames: i
 
 
 def synth_segment(out: str | os.PathLike, seconds: float, seed: int, camera: str = "1928x1208", index: int = 0, wide: bool = True,
-                  qcamera: bool = True, progress: bool = True, overwrite: bool = False) -> SynthResult:
-  """Write segment `index` of the drive `seed` (seconds long, starting index*seconds in) into directory `out`."""
+                  qcamera: bool = True, progress: bool = True, overwrite: bool = False, encode_index: bool = True) -> SynthResult:
+  """Write segment `index` of the drive `seed` (seconds long, starting index*seconds in) into directory `out`.
+
+  encode_index=False: the old shape (no initData or encode index; video frame k is camera state k)."""
   out = Path(out)
   if seconds <= 0 or seconds > 3600:
     raise UserError(f"--seconds must be in (0, 3600], got {seconds}")
@@ -241,18 +310,20 @@ def synth_segment(out: str | os.PathLike, seconds: float, seed: int, camera: str
       writers.append(VideoWriter(tmp / WIDE_CAMERA, scene.width, scene.height))
     qw = VideoWriter(tmp / QCAMERA, *QCAMERA_SIZE) if qcamera else None
     buf = np.zeros(scene.info.size, dtype=np.uint8)
+    road_pos, wide_pos = (set(p) for p in encoded_positions(n_frames, index, encode_index))
     for i in tqdm(range(n_frames), desc=f"synth {out.name}", unit="frame", disable=not progress, leave=False):
       t = start_s + i / FPS
-      scene.render_into(buf, t, "road")
-      writers[0].write(buf)
-      if qw is not None:
-        qw.write(scale_venus(buf, scene.width, scene.height, *QCAMERA_SIZE))
-      if wide:
+      if i in road_pos:
+        scene.render_into(buf, t, "road")
+        writers[0].write(buf)
+        if qw is not None:
+          qw.write(scale_venus(buf, scene.width, scene.height, *QCAMERA_SIZE))
+      if wide and i in wide_pos:
         scene.render_into(buf, t, "wide")
         writers[1].write(buf)
     for w in writers + ([qw] if qw else []):
       w.close()
-    events = segment_events(scene, start_s, seconds, n_frames, wide=wide)
+    events = segment_events(scene, start_s, seconds, n_frames, wide=wide, index=index, encode_index=encode_index)
     with LogWriter(tmp / "rlog.zst") as lw:
       lw.write_all(events)
     write_qlog(tmp / "rlog.zst", tmp / "qlog.zst")
@@ -262,7 +333,7 @@ def synth_segment(out: str | os.PathLike, seconds: float, seed: int, camera: str
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
-  return SynthResult(out, n_frames, len(events), route_name(seed))
+  return SynthResult(out, n_frames, len(events), route_name(seed), len(road_pos))
 
 
 def synth_route(parent: str | os.PathLike, segments: int, seconds: float, seed: int, camera: str = "1928x1208", **kw) -> list[SynthResult]:

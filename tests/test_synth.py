@@ -9,7 +9,7 @@ from modeld_msm.errors import UserError
 from selfdrive_glue.logs import LogReader
 from selfdrive_glue.road_render import RoadScene
 from selfdrive_glue.route import expand_segments, open_segment
-from selfdrive_glue.synth import synth_route, synth_segment
+from selfdrive_glue.synth import ENCODER_LEAD, encoded_positions, synth_route, synth_segment
 from selfdrive_glue.video import VideoReader, venus_planes
 
 
@@ -25,7 +25,9 @@ def test_segment_layout_and_rates(seg):
   evs = list(LogReader(seg / "rlog.zst"))
   counts = Counter(e.which() for e in evs)
   assert counts == {"roadCameraState": 20, "wideRoadCameraState": 20, "driverMonitoringState": 20, "carState": 100, "carControl": 100,
-                    "liveCalibration": 4, "liveDelay": 4, "deviceState": 2, "carParams": 1}
+                    "liveCalibration": 4, "liveDelay": 4, "deviceState": 2, "carParams": 1, "initData": 1,
+                    "roadEncodeIdx": 20 - ENCODER_LEAD - 1, "wideRoadEncodeIdx": 20 - ENCODER_LEAD}
+  assert evs[0].which() == "initData" and str(evs[0].initData.deviceType) == "mici"
   times = [e.logMonoTime for e in evs]
   assert times == sorted(times)
   assert all(e.valid for e in evs)
@@ -44,7 +46,7 @@ def test_segment_layout_and_rates(seg):
 def test_messages_agree_with_the_rendered_scene(seg):
   scene = RoadScene(21, "1344x760")
   evs = list(LogReader(seg / "rlog.zst"))
-  t0 = evs[0].logMonoTime
+  t0 = next(e.logMonoTime for e in evs if e.which() == "carParams")  # the first frame's time (initData comes just before)
   cal = next(e.liveCalibration for e in evs if e.which() == "liveCalibration")
   assert list(cal.rpyCalib) == pytest.approx(scene.calib_rpy, abs=1e-7)
   for e in [e for e in evs if e.which() == "carState"][::17]:
@@ -56,16 +58,45 @@ def test_messages_agree_with_the_rendered_scene(seg):
 
 def test_hevc_decodes_to_the_rendered_frames(seg):
   scene = RoadScene(21, "1344x760")
-  for name, which in (("fcamera.hevc", "road"), ("ecamera.hevc", "wide")):
+  positions = encoded_positions(20, 0)
+  for (name, which), pos in zip((("fcamera.hevc", "road"), ("ecamera.hevc", "wide")), positions):
     r = VideoReader(seg / name)
     assert (r.width, r.height) == (1344, 760)
     frames = list(r.frames())
-    assert len(frames) == 20
-    for i in (0, 7, 19):
-      want = venus_planes(scene.render(i / 20, which), scene.info)[0].astype(int)
-      got = venus_planes(frames[i], scene.info)[0]
-      assert np.abs(got - want).mean() < 2.5, (name, i)
-  assert VideoReader(seg / "qcamera.ts").count() == 20
+    assert len(frames) == len(pos)
+    for k in (0, 7, len(pos) - 1):  # video frame k shows the moment of camera state pos[k]
+      want = venus_planes(scene.render(pos[k] / 20, which), scene.info)[0].astype(int)
+      got = venus_planes(frames[k], scene.info)[0]
+      assert np.abs(got - want).mean() < 2.5, (name, k)
+  assert VideoReader(seg / "qcamera.ts").count() == len(positions[0])
+
+
+def test_encode_index_is_real_shaped(tmp_path):
+  """Like a device: segment 0's videos start ENCODER_LEAD states late, one road frame per segment is never encoded, and
+  each encoded frame has an entry (camera frameId -> segmentNum/segmentId, encodeId counting from the route's start)."""
+  synth_route(tmp_path, 2, 0.5, 5, "1344x760", qcamera=False, progress=False)
+  segs = expand_segments([str(tmp_path)])
+  encode_ids = {"roadEncodeIdx": [], "wideRoadEncodeIdx": []}
+  for n, s in enumerate(segs):
+    evs = list(LogReader(s.log()))
+    states = [e.roadCameraState.frameId for e in evs if e.which() == "roadCameraState"]
+    for svc, cam, pos in zip(("roadEncodeIdx", "wideRoadEncodeIdx"), ("fcamera.hevc", "ecamera.hevc"), encoded_positions(10, n)):
+      idx = [getattr(e, svc) for e in evs if e.which() == svc]
+      assert [i.frameId for i in idx] == [states[p] for p in pos]
+      assert [i.segmentId for i in idx] == list(range(len(idx))) == [i.segmentIdEncode for i in idx]
+      assert {i.segmentNum for i in idx} == {n} and {str(i.type) for i in idx} == {"fullHEVC"}
+      assert VideoReader(s.path / cam).count() == len(idx)
+      encode_ids[svc] += [i.encodeId for i in idx]
+    road = [e.roadEncodeIdx.frameId for e in evs if e.which() == "roadEncodeIdx"]
+    lead = ENCODER_LEAD if n == 0 else 0
+    assert road[0] == states[lead]  # segment 0: the first states have no encoded frame
+    assert len(set(states[lead:]) - set(road)) == 1  # one dropped road frame
+  for ids in encode_ids.values():
+    assert ids == list(range(len(ids)))  # continuous across the segment boundary
+  old = synth_segment(tmp_path / "old", 0.5, 5, "1344x760", qcamera=False, progress=False, encode_index=False)
+  kinds = {e.which() for e in LogReader(old.path / "rlog.zst")}
+  assert not kinds & {"initData", "roadEncodeIdx", "wideRoadEncodeIdx"}
+  assert VideoReader(old.path / "fcamera.hevc").count() == old.encoded == old.frames == 10
 
 
 def test_deterministic_from_seed(tmp_path, seg):

@@ -13,6 +13,9 @@ def add_arguments(p) -> None:
   p.add_argument("--segments", type=int, default=1, help="consecutive segments of one drive (default 1)")
   p.add_argument("--no-wide", action="store_true", help="road camera only (no ecamera.hevc / wideRoadCameraState)")
   p.add_argument("--no-qcamera", action="store_true", help="skip qcamera.ts")
+  p.add_argument("--no-encode-index", action="store_true",
+                 help="old-shaped segment: no initData or roadEncodeIdx/wideRoadEncodeIdx, and video frame k is camera state k "
+                      "(default: real-shaped, the videos start 2 frames late in segment 0 and one road frame is dropped)")
   p.add_argument("--force", action="store_true", help="replace an existing non-empty output directory")
   p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -26,11 +29,11 @@ def run(args) -> int:
     raise UserError(f"--segments must be >= 1, got {args.segments}")
   if args.seed < 0:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
-  kw = dict(wide=not args.no_wide, qcamera=not args.no_qcamera, progress=not args.quiet, overwrite=args.force)
+  kw = dict(wide=not args.no_wide, qcamera=not args.no_qcamera, progress=not args.quiet, overwrite=args.force, encode_index=not args.no_encode_index)
   if args.segments == 1:
     results = [synth_segment(args.output, args.seconds, args.seed, args.camera, **kw)]
   else:
     results = synth_route(args.output, args.segments, args.seconds, args.seed, args.camera, **kw)
   for r in results:
-    print(f"{r.path}  {r.frames} frames  {r.events} events  {args.camera}  seed={args.seed}")
+    print(f"{r.path}  {r.frames} frames ({r.encoded} encoded)  {r.events} events  {args.camera}  seed={args.seed}")
   return 0
