@@ -1,29 +1,49 @@
 """Replay logged segments through the same per-frame pipeline as `serve` (ModeldCore), deterministically.
 
-Events are fed in log order, after the segment's first deviceState and liveCalibration (as model_replay prepends
-them). Like openpilot's process_replay, a model step fires once both roadCameraState and
-wideRoadCameraState have arrived since the last step (road alone for a single-camera segment); the k-th camera state
-of a stream goes with the k-th frame of its camera file. The core's clock is the log's time (logMonoTime of the event
-being processed), so modelExecutionTime is 0 and the output bytes depend only on the inputs and the artifact.
+Frames: every camera state is paired with its picture through the encode index, as openpilot's process_replay does:
+roadEncodeIdx / wideRoadEncodeIdx say, for each encoded frame, which camera frameId it is and where it sits in the
+segment's video (segmentNum, segmentId). Video and states do not line up one to one on a device (segment 0's video
+starts a few frames after the first state; the encoder drops frames), so states without an encoded frame are skipped
+(and not shown to the model), an index entry lost from the log is recovered when the entries around it pin it down
+exactly, and what the index cannot explain is refused: an entry past the end of the video, video frames no entry
+accounts for (a shifted or foreign camera file), an index out of camera order. Logs without an encode index (old or
+synthetic) fall back to order — state k of a stream goes with frame k of its file — and every result says which
+mapping it used.
 
-Many segments run in worker processes (`replay_many(jobs=N)`), one segment per task, a fresh ModeldCore per segment.
+Steps: events are fed in log order, after the segment's first deviceState and liveCalibration (as model_replay
+prepends them). A model step fires when a road state and a wide state whose start-of-frame times are within 25 ms (the
+window modeld pairs frames in) have both arrived (road alone for a single-camera segment). The core's clock is the log's
+time (logMonoTime of the event being processed), so modelExecutionTime is 0 and the output bytes depend only on the
+inputs and the artifact.
+
+Across segments (`mode`): "segment" starts every segment from a fresh model state; "warmup" first feeds the last
+`warmup_steps` steps of the previous segment of the route and throws those outputs away, so segments stay independent
+tasks yet start close to a continuous drive; "route" runs the segments of a route in order through one core, carrying
+its state across boundaries. One loaded artifact serves all segments of a worker (`ModeldCore.reset()` between
+independent ones); `replay_many(jobs=N)` runs tasks in N worker processes.
 """
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from modeld_msm.errors import UserError
 from selfdrive_glue.logs import LOG_SUFFIXES, LogReader, LogWriter
-from selfdrive_glue.route import ROAD_CAMERA, WIDE_CAMERA, Segment, open_segment
+from selfdrive_glue.route import ROAD_CAMERA, WIDE_CAMERA, Segment, find_log, open_segment, segment_name
 
 RING = 2  # camera buffers per stream, as process_replay's VisionIpcServer has
 SENSOR_SIZES = {"ar0231": (1928, 1208), "ox03c10": (1928, 1208), "os04c10": (1344, 760)}
+PAIR_WINDOW_NS = 25_000_000  # modeld pairs a road and a wide frame whose start-of-frame times are this close
+WARMUP_STEPS = 100  # 5 s at 20 Hz: the policy's whole feature history (docs/replay-at-scale.md)
+MODES = ("segment", "warmup", "route")
+STREAMS = (("road", "roadCameraState", "roadEncodeIdx", ROAD_CAMERA), ("wide", "wideRoadCameraState", "wideRoadEncodeIdx", WIDE_CAMERA))
 
 
 @dataclass
@@ -37,10 +57,20 @@ class ReplayResult:
   seconds: float
   damage: str | None = None
   error: str | None = None
+  mapping: str = ""  # how camera states were paired with video frames
+  skipped: int = 0  # camera states without an encoded frame (not shown to the model)
+  recovered: int = 0  # states whose missing encode-index entry was recovered from the entries around it
+  start: str = "fresh"  # the model state the segment started from (fresh, warm-up, or carried from the previous segment)
 
   @property
   def fps(self) -> float:
     return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+  def summary(self) -> str:
+    skipped = f"; {self.skipped} camera state(s) without an encoded frame skipped" if self.skipped else ""
+    recovered = f"; {self.recovered} lost index entr{'y' if self.recovered == 1 else 'ies'} recovered" if self.recovered else ""
+    return (f"{self.segment}: {self.frames} frames, {self.events_out} events -> {self.out}  ({self.fps:.1f} frames/s)  "
+            f"frames by {self.mapping}{skipped}{recovered}; start: {self.start}")
 
 
 class _LogClock:
@@ -53,102 +83,318 @@ class _LogClock:
     return self.now_ns / 1e9
 
 
-def _video_frames(path: Path, expect_size: tuple[int, int], n_states: int, log_damaged: bool, label: str):
+@dataclass
+class StreamMap:
+  """One camera's states -> frames of its video file."""
+  name: str  # road / wide
+  path: Path
+  by_index: bool  # through the encode index (else by order)
+  frame_of: dict[int, int]  # event position of a camera state -> index of its frame in the video
+  n_video: int
+  skipped: int = 0
+  recovered: int = 0
+
+  @property
+  def mapping(self) -> str:
+    return "encode index" if self.by_index else "order (no encode index in the log)"
+
+
+@dataclass
+class SegmentPlan:
+  """A segment read and checked: its events, and where each camera state's picture is."""
+  seg: Segment
+  events: list[Any]
+  damage: str | None
+  size: tuple[int, int]
+  car_params: Any
+  road: StreamMap
+  wide: StreamMap | None
+  road_steps: list[int] = field(default_factory=list)  # event positions of the mapped road states, in log order
+
+  @property
+  def mapping(self) -> str:
+    if self.wide is None or self.wide.by_index == self.road.by_index:
+      return self.road.mapping
+    return f"road: {self.road.mapping}, wide: {self.wide.mapping}"
+
+  def streams(self) -> list[StreamMap]:
+    return [self.road] + ([self.wide] if self.wide is not None else [])
+
+
+def _index_map(name: str, path: Path, states: list[tuple[int, int]], entries: list[Any], n_video: int, damaged: bool, rlog: Path,
+               service: str) -> StreamMap:
+  """Map states [(event position, frameId)] through encode-index entries; UserError for what the index cannot explain."""
+  seg_num = Counter(int(e.segmentNum) for e in entries).most_common(1)[0][0]  # entries of other numbers: frames in a neighbour's file
+  sid_of: dict[int, int] = {}
+  fid_of: dict[int, int] = {}
+  for e in entries:
+    if int(e.segmentNum) != seg_num:
+      continue
+    fid, sid = int(e.frameId), int(e.segmentId)
+    if sid_of.setdefault(fid, sid) != sid or fid_of.setdefault(sid, fid) != fid:
+      raise UserError(f"{rlog}: {service} puts camera frame {fid} at video frame {sid} and another entry says otherwise "
+                      f"(frame {fid_of[sid]} at {sid_of[fid]}); the encode index is corrupt, so the frames cannot be paired")
+  known = sorted(sid_of.items())
+  for (fa, sa), (fb, sb) in zip(known, known[1:]):
+    if sb <= sa:
+      raise UserError(f"{rlog}: {service} is not in camera order (frame {fb} at video frame {sb}, before frame {fa} at {sa}); "
+                      "the encode index is corrupt, so the frames cannot be paired")
+  first_fid, first_sid = known[0]
+  last_fid, last_sid = known[-1]
+  if last_sid >= n_video:
+    raise UserError(f"{path}: {n_video} frames, but the log's {service} puts camera frame {last_fid} at video frame {last_sid}; "
+                    "the camera file is from another segment or cut short")
+  if first_sid > 0:
+    raise UserError(f"{path}: video frames 0..{first_sid - 1} are not in the log's {service} (its first entry is camera frame "
+                    f"{first_fid} at video frame {first_sid}); the camera file does not match this log")
+  if last_sid < n_video - 1 and not damaged:
+    raise UserError(f"{path}: {n_video} frames, but the log's {service} accounts for {last_sid + 1} (up to camera frame {last_fid}); "
+                    "the camera file is shifted against the log or from another segment")
+  # an entry lost from the log: a gap of g video frames between two entries whose camera frames are g + 1 apart is
+  # exactly the frames in between; any other gap (the encoder also dropped some) cannot be pinned and its states are skipped
+  recoverable: dict[int, int] = {}
+  for (fa, sa), (fb, sb) in zip(known, known[1:]):
+    if sb - sa > fb - fa:
+      raise UserError(f"{rlog}: {service} puts {sb - sa - 1} video frames between camera frames {fa} and {fb}, more than there "
+                      "are camera frames; the encode index is corrupt")
+    if sb - sa > 1 and sb - sa == fb - fa:
+      recoverable.update({fa + j: sa + j for j in range(1, sb - sa)})
+  m = StreamMap(name, path, True, {}, n_video)
+  prev = -1
+  for pos, fid in states:
+    at = sid_of.get(fid)
+    if at is None and (at := recoverable.get(fid)) is not None:
+      m.recovered += 1
+    if at is None:
+      m.skipped += 1  # never encoded, or encoded into a neighbouring segment's file
+      continue
+    if at <= prev:
+      raise UserError(f"{rlog}: camera frame {fid} is logged again or out of order (its video frame {at} comes before one already used)")
+    m.frame_of[pos] = prev = at
+  if not m.frame_of:
+    raise UserError(f"{rlog}: no {name} camera state has a frame in {path.name} ({len(states)} states, {len(sid_of)} index entries); "
+                    "the log and camera file are from different segments")
+  return m
+
+
+def _order_map(name: str, path: Path, states: list[tuple[int, int]], n_video: int, damaged: bool, label: str) -> StreamMap:
+  if n_video < len(states) or (n_video != len(states) and not damaged):
+    raise UserError(f"{path}: {n_video} frames but the log has {len(states)} {label} messages; the camera file and log do not match")
+  return StreamMap(name, path, False, {pos: k for k, (pos, _) in enumerate(states)}, n_video)
+
+
+def plan_segment(seg: Segment) -> SegmentPlan:
+  """Read a segment's rlog and check it against its camera files (frame counts only; nothing is decoded yet)."""
   from selfdrive_glue.video import VideoReader
-  vr = VideoReader(path)
-  if (vr.width, vr.height) != expect_size:
-    raise UserError(f"{path}: video is {vr.width}x{vr.height} but the log's {label} says {expect_size[0]}x{expect_size[1]}; "
-                    "the camera file does not belong to this log")
-  n_video = vr.count()
-  if n_video < n_states or (n_video != n_states and not log_damaged):
-    raise UserError(f"{path}: {n_video} frames but the log has {n_states} {label} messages; the camera file and log do not match")
-  ring = [np.zeros(vr.info.size, dtype=np.uint8) for _ in range(RING)]
-  return vr, vr.frames(ring)
-
-
-def replay_segment(seg: str | os.PathLike | Segment, artifact: str | os.PathLike, out: str | os.PathLike,
-                   on_frame: Callable[[int, int], None] | None = None) -> ReplayResult:
-  """Replay one segment into the log file `out`. on_frame(done, total) reports progress."""
-  from modeld_msm.core import Frame, ModeldCore
-  t_start = time.perf_counter()
-  seg = seg if isinstance(seg, Segment) else open_segment(seg)
   rlog = seg.log("rlog")
   if rlog is None:
     raise UserError(f"segment {seg.path} has no rlog; replay needs every camera state, which a qlog decimates away")
   reader = LogReader(rlog)
-  events = list(reader.events_with_bytes())
+  events = [ev for ev, _ in reader.events_with_bytes()]
   damage = reader.damage
-  road_states = [ev.roadCameraState for ev, _ in events if ev.which() == "roadCameraState"]
-  n_road = len(road_states)
-  n_wide = sum(1 for ev, _ in events if ev.which() == "wideRoadCameraState")
-  if n_road == 0:
+  which = [ev.which() for ev in events]
+  road_states = [(i, ev.roadCameraState) for i, ev in enumerate(events) if which[i] == "roadCameraState"]
+  if not road_states:
     raise UserError(f"{rlog}: no roadCameraState messages; nothing to replay")
-  sensor = str(road_states[0].sensor)
+  sensor = str(road_states[0][1].sensor)
   size = SENSOR_SIZES.get(sensor)
-  road_path, wide_path = seg.camera(ROAD_CAMERA), seg.camera(WIDE_CAMERA)
-  if road_path is None:
-    raise UserError(f"segment {seg.path}: missing camera file {ROAD_CAMERA} for {n_road} roadCameraState messages")
-  if n_wide and wide_path is None:
-    raise UserError(f"segment {seg.path}: missing camera file {WIDE_CAMERA} for {n_wide} wideRoadCameraState messages")
-  if size is None:
+  maps: dict[str, StreamMap] = {}
+  for name, state_svc, index_svc, camera in STREAMS:
+    states = [(i, int(getattr(events[i], state_svc).frameId)) for i in range(len(events)) if which[i] == state_svc]
+    if not states:
+      continue
+    path = seg.camera(camera)
+    if path is None:
+      raise UserError(f"segment {seg.path}: missing camera file {camera} for {len(states)} {state_svc} messages")
+    vr = VideoReader(path)
+    if size is None:
+      size = (vr.width, vr.height)
+    label = f"roadCameraState (sensor {sensor})" if name == "road" else state_svc
+    if (vr.width, vr.height) != size:
+      raise UserError(f"{path}: video is {vr.width}x{vr.height} but the log's {label} says {size[0]}x{size[1]}; "
+                      "the camera file does not belong to this log")
+    entries = [getattr(events[i], index_svc) for i in range(len(events)) if which[i] == index_svc]
+    n_video = vr.count()
+    if entries:
+      maps[name] = _index_map(name, path, states, entries, n_video, damage is not None, rlog, index_svc)
+    else:
+      maps[name] = _order_map(name, path, states, n_video, damage is not None, label)
+  assert size is not None
+  car_params = next((ev.carParams for i, ev in enumerate(events) if which[i] == "carParams"), None)
+  plan = SegmentPlan(seg, events, damage, size, car_params, maps["road"], maps.get("wide"))
+  plan.road_steps = sorted(plan.road.frame_of)
+  return plan
+
+
+class _Frames:
+  """Frames of one video on demand, in increasing index order, decoded into a fixed ring of buffers."""
+
+  def __init__(self, path: Path, ring: list[np.ndarray], start: int = 0):
     from selfdrive_glue.video import VideoReader
-    vr = VideoReader(road_path)
-    size = (vr.width, vr.height)
-  label = f"roadCameraState (sensor {sensor})"
-  _, road_frames = _video_frames(road_path, size, n_road, damage is not None, label)
-  wide_frames = None
-  if n_wide and wide_path is not None:
-    wide_frames = _video_frames(wide_path, size, n_wide, damage is not None, "wideRoadCameraState")[1]
+    self.path, self.next_index = path, start
+    self.reader = VideoReader(path)
+    self._it: Iterator[np.ndarray] = self.reader.frames(ring, start=start)
 
-  car_params = next((ev.carParams for ev, _ in events if ev.which() == "carParams"), None)
-  clock = _LogClock()
-  core = ModeldCore(Path(artifact), car_params=car_params, clock=clock, camera=size)
+  def get(self, index: int) -> np.ndarray:
+    while True:
+      buf = next(self._it, None)
+      if buf is None:
+        why = f" ({self.reader.error})" if self.reader.error else ""
+        raise UserError(f"{self.path}: ran out of frames at frame {self.next_index}{why}; the camera file is damaged or shorter than the log")
+      self.next_index += 1
+      if self.next_index - 1 == index:
+        return buf
 
-  # like model_replay: the segment's first deviceState and liveCalibration are known from the start, so a segment cut
-  # from the middle of a drive does not begin with uncalibrated (valid=False) frames
-  for service in ("deviceState", "liveCalibration"):
-    first = next((ev for ev, _ in events if ev.which() == service), None)
-    if first is not None:
-      clock.now_ns = events[0][0].logMonoTime
-      core.on_message(first)
 
-  out = Path(out)
-  road = wide = None  # (state, frame buffer) received since the last step
-  steps = published = 0
-  total_steps = n_road
-  with LogWriter(out) as w:
-    for ev, _ in events:
+def _previous_segment(seg: Segment, others: list[Segment]) -> Segment | None:
+  """The segment before `seg` in its route: among `others`, else a sibling directory `<route>--<n-1>` with an rlog."""
+  if seg.route is None or not seg.number:
+    return None
+  want = segment_name(seg.route, seg.number - 1)
+  for o in others:
+    if o.route == seg.route and o.number == seg.number - 1:
+      return o
+  sib = seg.path.parent / want
+  return Segment(sib) if sib.is_dir() and find_log(sib, "rlog") is not None else None
+
+
+class Replayer:
+  """One loaded artifact replaying many segments: a fresh model state per segment (`ModeldCore.reset()`), a warm-up on
+  the previous segment's tail, or state carried on from the segment replayed just before."""
+
+  def __init__(self, artifact: str | os.PathLike):
+    self.artifact = Path(artifact)
+    self.clock = _LogClock()
+    self.core: Any = None
+    self.rings: dict[tuple[str, tuple[int, int]], list[np.ndarray]] = {}  # fixed buffers, so the model's per-buffer tensors are reused
+    self.last: Segment | None = None  # the segment whose state the core holds (after a complete replay)
+
+  def _ring(self, name: str, size: tuple[int, int]) -> list[np.ndarray]:
+    from selfdrive_glue.nv12 import nv12_info
+    if (name, size) not in self.rings:
+      self.rings[(name, size)] = [np.zeros(nv12_info(*size).size, dtype=np.uint8) for _ in range(RING)]
+    return self.rings[(name, size)]
+
+  def _fresh_core(self, plan: SegmentPlan):
+    from modeld_msm.core import ModeldCore
+    if self.core is None:
+      self.core = ModeldCore(self.artifact, car_params=plan.car_params, clock=self.clock, camera=plan.size)
+    else:
+      cam = self.core.model.artifact.camera
+      if tuple(cam) != plan.size:
+        raise UserError(f"segment {plan.seg.path} is {plan.size[0]}x{plan.size[1]} but artifact {self.artifact} is for camera "
+                        f"{cam[0]}x{cam[1]}; replay segments of one camera size per run, or compile one with `--camera "
+                        f"{plan.size[0]}x{plan.size[1]}`")
+      self.core.reset(plan.car_params)
+    self.last = None
+    return self.core
+
+  def _prime(self, plan: SegmentPlan, before: int) -> None:
+    """Tell the core the device and calibration a continuous run would know at event `before` (the newest earlier ones;
+    else the segment's first, as model_replay prepends them, so a segment cut mid-drive starts calibrated)."""
+    self.clock.now_ns = plan.events[0].logMonoTime
+    for service in ("deviceState", "liveCalibration"):
+      ev = next((e for e in reversed(plan.events[:before]) if e.which() == service), None)
+      ev = ev or next((e for e in plan.events if e.which() == service), None)
+      if ev is not None:
+        self.core.on_message(ev)
+
+  def _run(self, plan: SegmentPlan, start: int, writer: LogWriter | None, on_frame: Callable[[int, int], None] | None) -> tuple[int, int]:
+    """Feed plan.events[start:] to the core; -> (steps, published). Outputs go to writer (None: thrown away)."""
+    from modeld_msm.core import Frame
+    core, clock = self.core, self.clock
+    starts = {m.name: min((v for p, v in m.frame_of.items() if p >= start), default=0) for m in plan.streams()}
+    frames = {m.name: _Frames(m.path, self._ring(m.name, plan.size), starts[m.name]) for m in plan.streams()}
+    maps = {"roadCameraState": plan.road, "wideRoadCameraState": plan.wide}
+    total = sum(1 for p in plan.road_steps if p >= start)
+    pending: dict[str, Any] = {}  # stream -> Frame received since the last step
+    steps = published = 0
+    for pos in range(start, len(plan.events)):
+      ev = plan.events[pos]
       which = ev.which()
+      m = maps.get(which)
+      if m is not None and pos not in m.frame_of:
+        continue  # no encoded frame: process_replay drops the state too
       clock.now_ns = ev.logMonoTime
       core.on_message(ev)
-      if which == "roadCameraState":
-        road = (ev.roadCameraState, _next_frame(road_frames, road_path))
-      elif which == "wideRoadCameraState" and wide_frames is not None:
-        wide = (ev.wideRoadCameraState, _next_frame(wide_frames, wide_path or road_path))
-      else:
+      if m is None:
         continue
-      if road is None or (wide_frames is not None and wide is None):
+      st = getattr(ev, which)
+      pending[m.name] = Frame(frames[m.name].get(m.frame_of[pos]), int(st.frameId), int(st.timestampSof), int(st.timestampEof))
+      road, wide = pending.get("road"), pending.get("wide")
+      if road is None or (plan.wide is not None and wide is None):
         continue
-      main = Frame(road[1], int(road[0].frameId), int(road[0].timestampSof), int(road[0].timestampEof))
-      extra = Frame(wide[1], int(wide[0].frameId), int(wide[0].timestampSof), int(wide[0].timestampEof)) if wide is not None else None
-      outs = core.on_frame(main, extra, ev.logMonoTime)
-      for o in outs:
-        w.write(o[1] if isinstance(o, tuple) else o)
+      if wide is not None and road.timestamp_sof - wide.timestamp_sof > PAIR_WINDOW_NS:
+        del pending["wide"]  # its road frame was never encoded; it has no partner
+        continue
+      if wide is not None and wide.timestamp_sof - road.timestamp_sof > PAIR_WINDOW_NS:
+        del pending["road"]
+        continue
+      outs = core.on_frame(road, wide, ev.logMonoTime)
+      if writer is not None:
+        for o in outs:
+          writer.write(o[1] if isinstance(o, tuple) else o)
       steps += 1
       published += bool(outs)
-      road = wide = None
+      pending.clear()
       if on_frame is not None:
-        on_frame(steps, total_steps)
-    n_out = w.count
-  return ReplayResult(segment=seg.name, out=out, frames=steps, published=published, events_in=len(events), events_out=n_out,
-                      seconds=time.perf_counter() - t_start, damage=damage)
+        on_frame(steps, total)
+    return steps, published
+
+  def _warm_up(self, prev: Segment, steps: int, car_params) -> str:
+    """Feed the last `steps` steps of `prev` with their outputs thrown away; -> what the result's `start` says. A previous
+    segment that cannot be replayed costs the warm-up, not the segment: it then starts fresh and says why."""
+    try:
+      plan = plan_segment(prev)
+      if plan.size != tuple(self.core.model.artifact.camera):
+        return f"fresh (warm-up segment {prev.name} is {plan.size[0]}x{plan.size[1]})"
+      start = plan.road_steps[-steps] if 0 < steps <= len(plan.road_steps) else 0
+      self._prime(plan, start)
+      done, _ = self._run(plan, start, None, None)
+    except UserError as e:
+      self.core.reset(car_params)
+      return f"fresh (no warm-up: {e})"
+    return f"warm-up on the last {done} frames of {prev.name}"
+
+  def replay(self, seg: str | os.PathLike | Segment, out: str | os.PathLike, mode: str = "segment", previous: Segment | None = None,
+             warmup_steps: int = WARMUP_STEPS, on_frame: Callable[[int, int], None] | None = None) -> ReplayResult:
+    """Replay one segment into the log file `out`. mode "warmup": first the tail of `previous`; mode "route": carry on
+    from the core's state if `previous` is the segment replayed just before (else start fresh)."""
+    if mode not in MODES:
+      raise UserError(f"unknown replay mode '{mode}'; use one of {', '.join(MODES)}")
+    t_start = time.perf_counter()
+    seg = seg if isinstance(seg, Segment) else open_segment(seg)
+    plan = plan_segment(seg)
+    carry = mode == "route" and previous is not None and self.last is not None and self.last.path == previous.path and self.core is not None
+    if carry and tuple(self.core.model.artifact.camera) != plan.size:
+      carry = False
+    if carry:
+      assert previous is not None
+      start = f"carried on from {previous.name}"  # as on the car: one modeld process (and one CarParams) for the whole drive
+    if not carry:
+      self._fresh_core(plan)
+      start = "fresh"
+      if mode == "warmup" and previous is not None and warmup_steps > 0:
+        start = self._warm_up(previous, warmup_steps, plan.car_params)
+      elif mode in ("warmup", "route") and seg.number:
+        start = f"fresh (no previous segment {segment_name(seg.route or '?', seg.number - 1)})"
+      if not start.startswith("warm-up"):
+        self._prime(plan, 0)
+    self.last = None
+    out = Path(out)
+    with LogWriter(out) as w:
+      steps, published = self._run(plan, 0, w, on_frame)
+      n_out = w.count
+    self.last = seg
+    return ReplayResult(segment=seg.name, out=out, frames=steps, published=published, events_in=len(plan.events), events_out=n_out,
+                        seconds=time.perf_counter() - t_start, damage=plan.damage, mapping=plan.mapping,
+                        skipped=sum(m.skipped for m in plan.streams()), recovered=sum(m.recovered for m in plan.streams()), start=start)
 
 
-def _next_frame(frames, path: Path) -> np.ndarray:
-  buf = next(frames, None)
-  if buf is None:
-    raise UserError(f"{path}: ran out of frames (decoding stopped early); the camera file is damaged or shorter than the log")
-  return buf
+def replay_segment(seg: str | os.PathLike | Segment, artifact: str | os.PathLike, out: str | os.PathLike,
+                   on_frame: Callable[[int, int], None] | None = None) -> ReplayResult:
+  """Replay one segment into the log file `out`, from a fresh model state. on_frame(done, total) reports progress."""
+  return Replayer(artifact).replay(seg, out, on_frame=on_frame)
 
 
 def output_paths(segments: list[Segment], out: str | os.PathLike) -> list[Path]:
@@ -168,43 +414,104 @@ def output_paths(segments: list[Segment], out: str | os.PathLike) -> list[Path]:
   return [out / f"{n}.zst" for n in names]
 
 
-def _worker(args: tuple[str, str, str]) -> ReplayResult:
-  seg, artifact, out = args
+# one task: [(segment, out, previous segment or None)] replayed in order by one Replayer (several only in route mode)
+_Task = list[tuple[Segment, Path, Segment | None]]
+
+
+def plan_tasks(segments: list[Segment], outs: list[Path], mode: str) -> list[_Task]:
+  """Segments -> tasks. route: one task per route, its segments in number order; else one task per segment."""
+  if mode != "route":
+    prevs = [_previous_segment(s, segments) if mode == "warmup" else None for s in segments]
+    return [[(s, o, p)] for s, o, p in zip(segments, outs, prevs)]
+  groups: dict[str, list[tuple[Segment, Path]]] = {}
+  for s, o in zip(segments, outs):
+    groups.setdefault(s.route if s.route is not None else f"\0{s.path}", []).append((s, o))
+  tasks = []
+  for members in groups.values():
+    members.sort(key=lambda so: so[0].number or 0)
+    task: _Task = []
+    for k, (s, o) in enumerate(members):
+      before = members[k - 1][0] if k else None
+      task.append((s, o, before if before is not None and before.number == (s.number or 0) - 1 else None))
+    tasks.append(task)
+  return tasks
+
+
+def _error_result(seg: Segment, out: Path, e: Exception) -> ReplayResult:
+  return ReplayResult(segment=seg.name, out=out, frames=0, published=0, events_in=0, events_out=0, seconds=0.0, error=str(e))
+
+
+def _run_task(replayer: Replayer, task: _Task, mode: str, warmup_steps: int, progress_for=None) -> list[ReplayResult]:
+  results = []
+  for seg, out, prev in task:
+    tick = progress_for(seg) if progress_for is not None else (None, None)
+    try:
+      results.append(replayer.replay(seg, out, mode=mode, previous=prev, warmup_steps=warmup_steps, on_frame=tick[0]))
+    except UserError as e:
+      replayer.last = None  # a route continues from a fresh state after a failed segment
+      results.append(_error_result(seg, out, e))
+    finally:
+      if tick[1] is not None:
+        tick[1]()
+  return results
+
+
+_WORKER: Replayer | None = None  # one per worker process: the artifact is loaded once and serves every task it gets
+
+
+def _worker(args: tuple[str, _Task, str, int]) -> list[ReplayResult]:
+  global _WORKER
+  artifact, task, mode, warmup_steps = args
+  if _WORKER is None or _WORKER.artifact != Path(artifact):
+    _WORKER = Replayer(artifact)
   try:
-    return replay_segment(seg, artifact, out)
-  except UserError as e:
-    return ReplayResult(segment=Path(seg).name, out=Path(out), frames=0, published=0, events_in=0, events_out=0, seconds=0.0, error=str(e))
+    return _run_task(_WORKER, task, mode, warmup_steps)
+  except UserError as e:  # the artifact itself (e.g. refused on load): every segment of the task gets the error
+    _WORKER = None
+    return [_error_result(s, o, e) for s, o, _ in task]
 
 
-def replay_many(segments: list[Segment], artifact: str | os.PathLike, out: str | os.PathLike, jobs: int = 1,
-                progress: bool = True) -> list[ReplayResult]:
-  """Replay segments (in parallel worker processes when jobs > 1). Errors are per segment, in ReplayResult.error."""
+def replay_many(segments: list[Segment], artifact: str | os.PathLike, out: str | os.PathLike, jobs: int = 1, progress: bool = True,
+                mode: str = "segment", warmup_steps: int = WARMUP_STEPS) -> list[ReplayResult]:
+  """Replay segments (tasks in parallel worker processes when jobs > 1), results in the order of `segments`.
+  Errors are per segment, in ReplayResult.error."""
   from tqdm import tqdm
+  if mode not in MODES:
+    raise UserError(f"unknown replay mode '{mode}'; use one of {', '.join(MODES)}")
+  if warmup_steps < 0:
+    raise UserError(f"--warmup-steps must be >= 0, got {warmup_steps}")
   outs = output_paths(segments, out)
   for o in outs:
     o.parent.mkdir(parents=True, exist_ok=True)
-  tasks = [(str(s.path), str(artifact), str(o)) for s, o in zip(segments, outs)]
-  results: list[ReplayResult] = []
+  tasks = plan_tasks(segments, outs, mode)
+  order = {s.path: i for i, s in enumerate(segments)}
+  results: list[ReplayResult | None] = [None] * len(segments)
   if jobs <= 1 or len(tasks) == 1:
-    for s, o in zip(segments, outs):
-      bar = tqdm(desc=s.name, unit="frame", disable=not progress, leave=False)
+    replayer = Replayer(artifact)
 
-      def tick(done, total, bar=bar):
+    def progress_for(seg: Segment):
+      bar = tqdm(desc=seg.name, unit="frame", disable=not progress, leave=False)
+
+      def tick(done, total):
         bar.total = total
         bar.update(done - bar.n)
+      return tick, bar.close
+    for task in tasks:
       try:
-        results.append(replay_segment(s, artifact, o, on_frame=tick))
+        rs = _run_task(replayer, task, mode, warmup_steps, progress_for)
       except UserError as e:
-        results.append(ReplayResult(segment=s.name, out=o, frames=0, published=0, events_in=0, events_out=0, seconds=0.0, error=str(e)))
-      finally:
-        bar.close()
-    return results
+        rs = [_error_result(s, o, e) for s, o, _ in task]
+      for (s, _, _), r in zip(task, rs):
+        results[order[s.path]] = r
+    return [r for r in results if r is not None]
   import multiprocessing as mp
   from concurrent.futures import ProcessPoolExecutor, as_completed
   # spawn: a fresh interpreter per worker, no forked tinygrad/device state
   with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-    futs = {ex.submit(_worker, t): i for i, t in enumerate(tasks)}
-    done: list[ReplayResult | None] = [None] * len(tasks)
-    for f in tqdm(as_completed(futs), total=len(futs), desc="replay", unit="segment", disable=not progress):
-      done[futs[f]] = f.result()
-  return [r for r in done if r is not None]
+    futs = {ex.submit(_worker, (str(artifact), t, mode, warmup_steps)): t for t in tasks}
+    with tqdm(total=len(segments), desc="replay", unit="segment", disable=not progress) as bar:
+      for f in as_completed(futs):
+        for (s, _, _), r in zip(futs[f], f.result()):
+          results[order[s.path]] = r
+          bar.update(1)
+  return [r for r in results if r is not None]

@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from modeld_msm.errors import UserError
 from modeld_msm.regress import regress
-from modeld_msm.replay import replay_segment
+from modeld_msm.replay import Replayer, plan_segment, replay_many, replay_segment
 from selfdrive_glue.logs import LogReader, LogWriter
 from selfdrive_glue.nv12 import nv12_info
+from selfdrive_glue.route import expand_segments, open_segment
 from selfdrive_glue.synth import synth_route, synth_segment
-from selfdrive_glue.video import VideoWriter
+from selfdrive_glue.video import VideoReader, VideoWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.xdist_group("replay")  # one worker builds the artifact once
@@ -70,23 +72,27 @@ def _copy_seg(seg: Path, dst: Path) -> Path:
 def test_deterministic_and_paired_like_process_replay(seg, artifact, tmp_path):
   a = replay_segment(seg, artifact, tmp_path / "a.zst")
   b = replay_segment(seg, artifact, tmp_path / "b.zst")
-  assert a.frames == b.frames == 20 and a.events_out == 60 and a.damage is None
+  # synth's real shape: video from frame 2, road frame 11 never encoded -> 17 road frames; steps on frames 2 and 12
+  # follow a frame-id gap, so they only warm the image queues (as modeld does after a drop)
+  assert a.frames == b.frames == 17 and a.published == 15 and a.events_out == 45 and a.damage is None
+  assert a.mapping == "encode index" and a.skipped == 5 and a.recovered == 0 and a.start == "fresh"
   assert (tmp_path / "a.zst").read_bytes() == (tmp_path / "b.zst").read_bytes()
   out = list(LogReader(tmp_path / "a.zst"))
   assert [e.which() for e in out[:3]] == ["modelV2", "drivingModelData", "cameraOdometry"]
   evs = list(LogReader(seg / "rlog.zst"))
-  road = [e for e in evs if e.which() == "roadCameraState"]
-  wide = [e for e in evs if e.which() == "wideRoadCameraState"]
+  encoded = {e.roadEncodeIdx.frameId for e in evs if e.which() == "roadEncodeIdx"}
+  road = {e.roadCameraState.frameId: e for e in evs if e.which() == "roadCameraState"}
+  wide = {e.wideRoadCameraState.frameId: e for e in evs if e.which() == "wideRoadCameraState"}
   models = [e for e in out if e.which() == "modelV2"]
-  assert [m.modelV2.frameId for m in models] == [r.roadCameraState.frameId for r in road]
-  assert [m.modelV2.frameIdExtra for m in models] == [w.wideRoadCameraState.frameId for w in wide]
-  assert [m.modelV2.timestampEof for m in models] == [r.roadCameraState.timestampEof for r in road]
+  assert [m.modelV2.frameId for m in models] == sorted(encoded - {2, 12})
+  assert all(m.modelV2.frameIdExtra == m.modelV2.frameId for m in models)  # road and wide of the same moment
+  assert [m.modelV2.timestampEof for m in models] == [road[m.modelV2.frameId].roadCameraState.timestampEof for m in models]
   # a step fires at the second camera state of the pair, and carries its log time
-  assert [m.logMonoTime for m in models] == [w.logMonoTime for w in wide]
+  assert [m.logMonoTime for m in models] == [wide[m.modelV2.frameId].logMonoTime for m in models]
   assert all(m.valid for m in models)  # calibration and device state arrived before the first frame
   assert all(m.modelV2.modelExecutionTime == 0.0 for m in models)  # log clock, not the wall clock
   odo = [e.cameraOdometry for e in out if e.which() == "cameraOdometry"]
-  assert [o.frameId for o in odo] == [r.roadCameraState.frameId for r in road]
+  assert [o.frameId for o in odo] == [m.modelV2.frameId for m in models]
   # the pictures matter: a different drive gives different outputs
   ys = np.array([list(m.modelV2.position.y) for m in models])
   assert np.isfinite(ys).all() and ys.std(axis=0).max() > 0
@@ -116,7 +122,7 @@ def test_single_camera_segment(artifact, tmp_path):
   synth_segment(d, 0.5, 32, "1344x760", progress=False, qcamera=False, wide=False)
   res = replay_segment(d, artifact, tmp_path / "out.zst")
   models = [e.modelV2 for e in LogReader(tmp_path / "out.zst") if e.which() == "modelV2"]
-  assert res.frames == 10 and len(models) == 10
+  assert res.frames == 7 and len(models) == res.published == 5
   assert all(m.frameIdExtra == m.frameId for m in models)
 
 
@@ -160,7 +166,7 @@ def test_bad_inputs(seg, artifact, tmp_path):
 
   wrong_count = _copy_seg(seg, tmp_path / "count")
   _encode(wrong_count / "ecamera.hevc", 1344, 760, 25)
-  _one_line_error(_cli(wrong_count, "--artifact", artifact, "-o", tmp_path / "o3.zst"), "25 frames", "20 wideRoadCameraState")
+  _one_line_error(_cli(wrong_count, "--artifact", artifact, "-o", tmp_path / "o3.zst"), "25 frames", "wideRoadEncodeIdx accounts for 18")
 
   gz = _copy_seg(seg, tmp_path / "gz")
   (gz / "rlog.zst").write_bytes(gzip.compress((seg / "rlog.zst").read_bytes()))
@@ -186,7 +192,7 @@ def test_damaged_log_tail_replays_the_prefix(seg, artifact, tmp_path):
   assert r.returncode == 0, r.stderr
   assert "warning" in r.stderr and "damaged" in r.stderr and "truncated" in r.stderr
   n = sum(1 for e in LogReader(tmp_path / "out.zst") if e.which() == "modelV2")
-  assert 5 <= n < 20
+  assert 5 <= n < 15
 
 
 def test_artifact_for_another_camera_is_refused(artifact, tmp_path):
@@ -205,7 +211,7 @@ def test_first_calibration_is_known_from_the_start(seg, artifact, tmp_path):
     w.write_all(b for i, (_, b) in enumerate(raws) if i != first_cal)
   replay_segment(late, artifact, tmp_path / "out.zst")
   models = [e for e in LogReader(tmp_path / "out.zst") if e.which() == "modelV2"]
-  assert len(models) == 20 and all(m.valid for m in models)
+  assert len(models) == 15 and all(m.valid for m in models)
 
 
 def test_output_naming(tmp_path):
@@ -221,3 +227,233 @@ def test_output_naming(tmp_path):
     output_paths(two, tmp_path / "x.zst")
   with pytest.raises(UserError, match="several segments are named"):
     output_paths([Segment(tmp_path / "a" / "s--0"), Segment(tmp_path / "b" / "s--0")], tmp_path / "o")
+
+
+# ---- frames through the encode index ----
+
+def _with_log(seg: Path, dst: Path, keep=lambda ev: True) -> Path:
+  """A copy of a segment whose rlog holds only the events `keep` accepts."""
+  _copy_seg(seg, dst)
+  raws = list(LogReader(seg / "rlog.zst").events_with_bytes())
+  with LogWriter(dst / "rlog.zst") as w:
+    w.write_all(b for ev, b in raws if keep(ev))
+  return dst
+
+
+def _encoded_ids(seg: Path) -> dict[str, set[int]]:
+  evs = list(LogReader(seg / "rlog.zst"))
+  return {state: {getattr(e, idx).frameId for e in evs if e.which() == idx}
+          for state, idx in (("roadCameraState", "roadEncodeIdx"), ("wideRoadCameraState", "wideRoadEncodeIdx"))}
+
+
+def _order_mapped(seg: Path, dst: Path) -> Path:
+  """The hand-built equivalent of a real-shaped segment: no encode index, and only the camera states whose frame is in
+  the video, so frame k of each file is state k (what an old-style log looks like)."""
+  enc = _encoded_ids(seg)
+
+  def keep(ev):
+    w = ev.which()
+    if w in ("roadEncodeIdx", "wideRoadEncodeIdx", "initData"):
+      return False
+    return w not in enc or getattr(ev, w).frameId in enc[w]
+  return _with_log(seg, dst, keep)
+
+
+def test_encode_index_replays_the_frames_it_names(seg, artifact, tmp_path):
+  """synth plants a real offset (video from the third state) and a dropped frame: mapped through the index, the outputs
+  are byte-identical to a hand-built segment with no offset (states trimmed to the encoded frames, paired by order)."""
+  a = replay_segment(seg, artifact, tmp_path / "index.zst")
+  b = replay_segment(_order_mapped(seg, tmp_path / "order--0"), artifact, tmp_path / "order.zst")
+  assert a.mapping == "encode index" and b.mapping == "order (no encode index in the log)" and b.skipped == 0
+  assert a.frames == b.frames == 17
+  assert (tmp_path / "index.zst").read_bytes() == (tmp_path / "order.zst").read_bytes()
+  # the same log without its index has 20 states for 17 pictures: order cannot explain it, so it is refused, not replayed
+  no_index = _with_log(seg, tmp_path / "no_index", lambda ev: ev.which() not in ("roadEncodeIdx", "wideRoadEncodeIdx"))
+  with pytest.raises(UserError, match="17 frames but the log has 20"):
+    plan_segment(open_segment(no_index))
+
+
+def test_lost_index_entry(seg, artifact, tmp_path):
+  """An entry lost from the log between two consecutive ones is pinned down exactly (same outputs); one next to an
+  encoder drop cannot be, so those states are skipped rather than guessed."""
+  lost6 = _with_log(seg, tmp_path / "lost6", lambda ev: not (ev.which() == "roadEncodeIdx" and ev.roadEncodeIdx.frameId == 6))
+  r = replay_segment(lost6, artifact, tmp_path / "lost6.zst")
+  assert r.recovered == 1 and r.skipped == 5 and r.frames == 17
+  replay_segment(seg, artifact, tmp_path / "ref.zst")
+  assert (tmp_path / "lost6.zst").read_bytes() == (tmp_path / "ref.zst").read_bytes()
+  # 11 was never encoded; with 12's entry lost, video frame 9 could be either, so neither state gets a picture
+  lost12 = _with_log(seg, tmp_path / "lost12", lambda ev: not (ev.which() == "roadEncodeIdx" and ev.roadEncodeIdx.frameId == 12))
+  plan = plan_segment(open_segment(lost12))
+  road_ids = {plan.events[p].roadCameraState.frameId for p in plan.road.frame_of}
+  assert road_ids == _encoded_ids(seg)["roadCameraState"] - {12} and plan.road.recovered == 0 and plan.road.skipped == 4
+
+
+def _reencode(path: Path, frames: list[np.ndarray], w: int = 1344, h: int = 760) -> None:
+  with VideoWriter(path, w, h) as vw:
+    for f in frames:
+      vw.write(f)
+
+
+def test_planted_offsets_are_refused(seg, tmp_path):
+  """A camera file shifted against its log, or from another segment, is refused by name; never paired silently."""
+  frames = [f.copy() for f in VideoReader(seg / "fcamera.hevc").frames()]
+  assert len(frames) == 17
+  late = _copy_seg(seg, tmp_path / "late")  # two extra pictures in front: every index entry would name the wrong one
+  _reencode(late / "fcamera.hevc", frames[:1] * 2 + frames)
+  with pytest.raises(UserError, match="19 frames, but the log's roadEncodeIdx accounts for 17 .*shifted against the log"):
+    plan_segment(open_segment(late))
+  early = _copy_seg(seg, tmp_path / "early")  # the first two pictures cut off
+  _reencode(early / "fcamera.hevc", frames[2:])
+  with pytest.raises(UserError, match="15 frames, but the log's roadEncodeIdx puts camera frame 19 at video frame 16"):
+    plan_segment(open_segment(early))
+  other = synth_segment(tmp_path / "other", 1.0, 31, "1344x760", index=1, progress=False, qcamera=False, wide=False)
+  foreign = _copy_seg(seg, tmp_path / "foreign")  # the same drive's next segment: 19 frames, no lead
+  shutil.copy(other.path / "fcamera.hevc", foreign / "fcamera.hevc")
+  with pytest.raises(UserError, match="from another segment"):
+    plan_segment(open_segment(foreign))
+
+  raws = list(LogReader(seg / "rlog.zst").events_with_bytes())
+  corrupt = _copy_seg(seg, tmp_path / "corrupt")
+  with LogWriter(corrupt / "rlog.zst") as w:
+    for ev, b in raws:
+      if ev.which() == "roadEncodeIdx" and ev.roadEncodeIdx.frameId == 3:  # claims frame 4's picture
+        e = ev.as_builder()
+        e.roadEncodeIdx.segmentId = 2
+        b = e.to_bytes()
+      w.write(b)
+  with pytest.raises(UserError, match="encode index is corrupt"):
+    plan_segment(open_segment(corrupt))
+
+
+def test_fallback_to_order_is_reported(seg, artifact, tmp_path):
+  """No encode index: order is all there is. An offset with equal counts cannot be seen, so the output says how frames
+  were paired (summary line and a warning)."""
+  enc = _encoded_ids(seg)["roadCameraState"]
+  keep_n = len(enc)
+  n_road = [0]
+
+  def keep(ev):  # 17 road states for 17 pictures, but the last ones: two frames off from the video
+    w = ev.which()
+    if w in ("roadEncodeIdx", "wideRoadEncodeIdx", "initData"):
+      return False
+    if w == "roadCameraState":
+      n_road[0] += 1
+      return n_road[0] <= keep_n
+    return w != "wideRoadCameraState"
+  old = _with_log(seg, tmp_path / "old", keep)
+  (old / "ecamera.hevc").unlink()
+  r = _cli(old, "--artifact", artifact, "-o", tmp_path / "out.zst")
+  assert r.returncode == 0, r.stderr
+  assert "frames by order (no encode index in the log)" in r.stdout and "17 frames" in r.stdout
+  assert "warning" in r.stderr and "no encode index" in r.stderr and "by order" in r.stderr
+  r = _cli(seg, "--artifact", artifact, "-o", tmp_path / "index.zst")
+  assert r.returncode == 0 and "frames by encode index; 5 camera state(s) without an encoded frame skipped" in r.stdout
+  assert "warning" not in r.stderr
+
+
+# ---- across segments ----
+
+def test_reset_serves_many_segments_like_fresh_cores(seg, artifact, tmp_path):
+  other = synth_segment(tmp_path / "other--0", 0.5, 40, "1344x760", progress=False, qcamera=False).path
+  replay_segment(seg, artifact, tmp_path / "fresh.zst")
+  r = Replayer(artifact)
+  r.replay(other, tmp_path / "first.zst")
+  jit = r.core.model.policy_jit
+  res = r.replay(seg, tmp_path / "reset.zst")
+  assert res.start == "fresh" and r.core.model.policy_jit is jit  # the loaded programs were kept
+  assert len(r.core.model.state_buffers) == 4  # the image, big image, feature and desire queues; no reload fallback
+  assert (tmp_path / "reset.zst").read_bytes() == (tmp_path / "fresh.zst").read_bytes()
+  # without the reset the state of `other` leaks in: the check above can fail
+  r.replay(other, tmp_path / "first.zst")
+  carried = r.replay(seg, tmp_path / "carried.zst", mode="route", previous=open_segment(other))
+  assert carried.start.startswith("carried on")
+  assert (tmp_path / "carried.zst").read_bytes() != (tmp_path / "fresh.zst").read_bytes()
+
+
+def test_core_reset_forgets_lane_change_desire_and_drops(artifact):
+  """ModeldCore.reset(): a core driven into a lane change (DesireHelper, desire pulse, queues) with a frame drop behind it
+  then behaves exactly like a new one."""
+  from conftest import event_reader
+
+  from modeld_msm.core import Frame, ModeldCore
+  info = nv12_info(1344, 760)
+  rng = np.random.default_rng(0)
+  bufs = [rng.integers(0, 255, info.size, dtype=np.uint8) for _ in range(2)]
+
+  def feed(core, first: int, blinker: bool):
+    outs = []
+    for n in range(first, first + 5):
+      core.on_message(event_reader("deviceState", deviceType="mici"))
+      core.on_message(event_reader("roadCameraState", frameId=n, sensor="os04c10"))
+      core.on_message(event_reader("liveCalibration", rpyCalib=[0.0, 0.01, 0.0]))
+      core.on_message(event_reader("carState", vEgo=25.0, leftBlinker=blinker, steeringPressed=blinker, steeringTorque=1.0 * blinker))
+      core.on_message(event_reader("carControl", latActive=True))
+      f = Frame(bufs[n % 2], n, n * 50_000_000, n * 50_000_000 + 30_000_000)
+      outs.append(core.on_frame(f, f, n))
+    return outs
+  want = feed(ModeldCore(artifact, clock=lambda: 0.0), 1, False)  # a fixed clock: modelExecutionTime is 0 in both
+  used = ModeldCore(artifact, clock=lambda: 0.0)
+  feed(used, 1, True)
+  feed(used, 10, True)  # after a gap: a dropped frame
+  assert used.dh.lane_change_state == 2 and used.stats.dropped_steps == 1  # laneChangeStarting
+  carried = feed(used, 1, False)
+  assert carried != want
+  used.reset()
+  assert used.dh.lane_change_state == 0 and used.stats.frames == 0
+  assert feed(used, 1, False) == want
+
+
+@pytest.fixture(scope="module")
+def route(tmp_path_factory):
+  d = tmp_path_factory.mktemp("route")
+  synth_route(d, 3, 0.5, 33, "1344x760", qcamera=False, progress=False)
+  return expand_segments([str(d)])
+
+
+def _run(route, artifact, out: Path, **kw) -> dict[str, bytes]:
+  res = replay_many(route, artifact, out, progress=False, **kw)
+  assert not [r.error for r in res if r.error]
+  return {r.segment: r.out.read_bytes() for r in res} | {f"start {r.segment}": r.start.encode() for r in res}
+
+
+def test_route_and_warmup_modes(route, artifact, tmp_path):
+  names = [s.name for s in route]
+  seg_mode = _run(route, artifact, tmp_path / "s", mode="segment")
+  route_a = _run(route, artifact, tmp_path / "ra", mode="route")
+  route_b = _run(list(reversed(route)), artifact, tmp_path / "rb", mode="route")  # argument order does not matter
+  warm_a = _run(route, artifact, tmp_path / "wa", mode="warmup")
+  warm_b = _run(route, artifact, tmp_path / "wb", mode="warmup")
+  assert route_a == route_b and warm_a == warm_b  # identical run to run
+  assert route_a[f"start {names[1]}"] == f"carried on from {names[0]}".encode()
+  assert warm_a[f"start {names[1]}"] == f"warm-up on the last 7 frames of {names[0]}".encode()
+  # the first segment starts fresh in every mode
+  assert seg_mode[names[0]] == route_a[names[0]] == warm_a[names[0]]
+  # a warm-up covering the whole previous segment is the continuous run through it
+  assert warm_a[names[1]] == route_a[names[1]]
+  # and carried state matters: a fresh start differs
+  assert seg_mode[names[1]] != route_a[names[1]]
+  # a short warm-up feeds only the tail of the previous segment
+  short = _run(route, artifact, tmp_path / "short", mode="warmup", warmup_steps=3)
+  assert short[f"start {names[2]}"] == f"warm-up on the last 3 frames of {names[1]}".encode()
+  assert short[names[2]] != warm_a[names[2]]
+
+
+def test_warmup_finds_the_previous_segment_on_disk(route, artifact, tmp_path):
+  """Segment-parallel: a task given only segment n still warms up on n-1 from the route folder; without one it says so."""
+  _run(route, artifact, tmp_path / "all", mode="warmup")
+  alone = _run(route[1:2], artifact, tmp_path / "alone", mode="warmup")
+  assert alone[route[1].name] == (tmp_path / "all" / f"{route[1].name}.zst").read_bytes()
+  lonely = _copy_seg(route[1].path, tmp_path / "x" / route[1].name)
+  res = replay_many([open_segment(lonely)], artifact, tmp_path / "l.zst", mode="warmup", progress=False)
+  assert res[0].start == f"fresh (no previous segment {route[0].name})"
+
+
+def test_cli_modes_with_jobs_match_serial(route, artifact, tmp_path):
+  parent = route[0].path.parent
+  for mode in ("warmup", "route"):
+    r1 = _cli(parent, "--artifact", artifact, "-o", tmp_path / f"{mode}1", "--mode", mode)
+    r2 = _cli(parent, "--artifact", artifact, "-o", tmp_path / f"{mode}2", "--mode", mode, "--jobs", "2")
+    assert r1.returncode == 0 and r2.returncode == 0, (r1.stderr, r2.stderr)
+    assert ("carried on" in r1.stdout) == (mode == "route") and ("warm-up on" in r1.stdout) == (mode == "warmup")
+    for s in route:
+      assert (tmp_path / f"{mode}1" / f"{s.name}.zst").read_bytes() == (tmp_path / f"{mode}2" / f"{s.name}.zst").read_bytes()

@@ -15,7 +15,15 @@ def add_arguments(p) -> None:
   p.add_argument("--models", choices=("tiny", "full"), default="tiny", help="reference models used when no artifact is given (default tiny)")
   p.add_argument("-o", "--output", required=True, metavar="OUT",
                  help="output log file (one segment, .zst/.bz2) or directory (<segment>.zst per segment)")
-  p.add_argument("-j", "--jobs", type=int, default=1, help="segments replayed in parallel worker processes (default 1)")
+  p.add_argument("-j", "--jobs", type=int, default=1,
+                 help="worker processes (default 1); each loads the artifact once and replays segments (--mode route: routes) in turn")
+  p.add_argument("--mode", choices=("segment", "warmup", "route"), default="segment",
+                 help="model state at each segment's start: segment = fresh, like process_replay (default); warmup = first replay "
+                      "the last --warmup-steps frames of the previous segment of the route, outputs thrown away (segments stay "
+                      "independent tasks); route = the segments of a route in order through one model, state carried across "
+                      "boundaries (exact, but a route is one task). Compare NEW and REF replayed in the same mode")
+  p.add_argument("--warmup-steps", type=int, default=100, metavar="N",
+                 help="--mode warmup: frames of the previous segment fed first (default 100 = 5 s, the policy's feature history)")
   p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -30,14 +38,20 @@ def run(args) -> int:
     args.artifact = _default_artifact(segments, args.models)
   elif not args.artifact:
     raise UserError("--artifact is empty; pass an artifact directory (modeld-msm compile --device CPU -o DIR)")
-  results = replay_many(segments, args.artifact, args.output, jobs=args.jobs, progress=not args.quiet)
+  if args.warmup_steps < 0:
+    raise UserError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+  results = replay_many(segments, args.artifact, args.output, jobs=args.jobs, progress=not args.quiet, mode=args.mode,
+                        warmup_steps=args.warmup_steps)
   failed = 0
   for r in results:
     if r.error:
       failed += 1
       print(f"modeld-msm replay: error: {r.error}", file=sys.stderr)
       continue
-    print(f"{r.segment}: {r.frames} frames, {r.events_out} events -> {r.out}  ({r.fps:.1f} frames/s)")
+    print(r.summary())
+    if "order" in r.mapping:
+      print(f"modeld-msm replay: warning: {r.segment}: the log has no encode index, so camera states were paired with video frames "
+            "by order; an offset between log and video would go unnoticed", file=sys.stderr)
     if r.damage:
       print(f"modeld-msm replay: warning: {r.segment}: log damaged, replayed the readable prefix: {r.damage}", file=sys.stderr)
   if failed:
