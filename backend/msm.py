@@ -31,6 +31,18 @@ _BO = struct.Struct("<IIQ")   # drm_msm_gem_submit_bo, packed straight into the 
 # device_fini's drain deadline: tinygrad's finalize synchronized every job first, so what is still in flight then is lost,
 # and waiting the full MSM_WAIT_TIMEOUT_MS for it again would only delay the exit
 FINI_DRAIN_MS = 2000
+# fence ids cycle through 1..INT_MAX (a per-queue cyclic id allocator), so they are compared modulo 2**31: a 32-bit seqno
+# comparison would call the id after the wrap (1) older than INT_MAX and treat an unfinished job as retired
+FENCE_CYCLE = 1 << 31
+# EINTR/EAGAIN from GEM_SUBMIT come before anything was queued (interruptible locks): tries before it counts as refused
+SUBMIT_RETRIES = 100
+
+
+def fence_after(a: int, b: int) -> bool:
+  """Whether fence id a is newer than b on one submitqueue, across the wrap; 0 (never submitted) is older than every id."""
+  if a == 0 or b == 0:
+    return b == 0 and a != 0
+  return 0 < (a - b) % FENCE_CYCLE < FENCE_CYCLE // 2
 
 
 class MSMFault(RuntimeError):
@@ -207,7 +219,7 @@ class MSMIface:
     if gem.freed:
       return
     gem.freed = True
-    if gem.last_fence > self.retired:
+    if not self.is_retired(gem.last_fence):
       self.poll_fence(gem.last_fence)
     if not self._close_if_idle(gem):
       self.zombies.append(gem)
@@ -220,7 +232,7 @@ class MSMIface:
   def _close_if_idle(self, gem: GemBuffer) -> bool:
     if gem.closed:
       return True
-    if gem.pins or gem.last_fence > self.retired or any(gem in j.gems for j in self.pending):
+    if gem.pins or not self.is_retired(gem.last_fence) or any(gem in j.gems for j in self.pending):
       return False
     FileIOInterface.munmap(gem.cpu, gem.size)
     self.index.remove(gem.iova)
@@ -255,6 +267,9 @@ class MSMIface:
     return Job(cmd, offset, size, table, 1 + len(gems), gems, signals or [])
 
   def enqueue(self, job: Job) -> None:
+    if job.size > u.MSM_IB_MAX_BYTES:
+      # the kernel passes the dword count to the CP unchecked and the CP keeps 20 bits of it: a larger IB would silently run short
+      raise ValueError(f"a {job.size}-byte command range does not fit one IB (at most {u.MSM_IB_MAX_BYTES} bytes, 2**20-1 dwords): split it")
     self.pending.append(job)
     self.pump()
 
@@ -266,7 +281,7 @@ class MSMIface:
       buf = (ctypes.c_char * len(job.table)).from_buffer(job.table)
       self._submit.nr_bos, self._submit.bos = job.nr_bos, ctypes.addressof(buf)
       try:
-        _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_SUBMIT, self._submit)
+        self._submit_ioctl()
       except OSError as e:
         self.stats["submit_errors"] += 1
         self._recover([job], older_than_inflight=False)
@@ -283,9 +298,23 @@ class MSMIface:
       self.stats["submits"] += 1
       self.stats["bos"] += job.nr_bos
 
+  def _submit_ioctl(self) -> None:
+    for tries in range(1, SUBMIT_RETRIES + 1):
+      try:
+        _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_SUBMIT, self._submit)
+        return
+      except OSError as e:
+        if e.errno not in (errno.EINTR, errno.EAGAIN) or tries == SUBMIT_RETRIES:
+          raise
+        self.stats["submit_retries"] += 1
+
+  def is_retired(self, fence: int) -> bool:
+    """Whether this queue's fence id (0: never submitted) has retired, as far as this process has seen; wrap-aware."""
+    return not fence_after(fence, self.retired)
+
   def wait_fence(self, fence: int, timeout_ms: int | None = None) -> None:
     """Until the fence retired; then a GPU fault reported by the kernel since the last check raises MSMFault."""
-    if fence <= self.retired:
+    if self.is_retired(fence):
       return
     self._check_open()
     self._wait(fence, timeout_ms)
@@ -319,7 +348,7 @@ class MSMIface:
 
   def poll_fence(self, fence: int) -> bool:
     """Whether the fence retired, without blocking (a WAIT_FENCE whose deadline is now)."""
-    if fence <= self.retired:
+    if self.is_retired(fence):
       return True
     if not any(j.fence == fence for j in self.inflight):
       return False
@@ -333,8 +362,9 @@ class MSMIface:
     return True
 
   def _retired_upto(self, fence: int) -> None:
-    self.retired = max(self.retired, fence)
-    while self.inflight and self.inflight[0].fence <= fence:
+    if fence_after(fence, self.retired):
+      self.retired = fence
+    while self.inflight and not fence_after(self.inflight[0].fence, fence):
       self.just_retired.append(self.inflight.popleft())
     self._reap()
 

@@ -146,7 +146,7 @@ def test_timestamp_mem_write_and_indirect_buffer(node):
   assert node.n.executor.regs[0x1234] == 5 and node.n.executor.regs[0x1235] == 6
 
 
-@pytest.mark.parametrize("case,err", [("dup", errno.EINVAL), ("closed", errno.EINVAL), ("boflags", errno.EINVAL), ("range", errno.EINVAL),
+@pytest.mark.parametrize("case,err", [("dup", errno.EALREADY), ("closed", errno.EINVAL), ("boflags", errno.EINVAL), ("range", errno.EINVAL),
                                       ("align", errno.EINVAL), ("flags", errno.EINVAL), ("queue", errno.ENOENT), ("pipe", errno.EINVAL)])
 def test_submit_validation(node, case, err):
   cmd, _, _ = node.new()

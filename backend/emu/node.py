@@ -31,6 +31,18 @@ from backend.intervals import IntervalIndex
 _FAILED = 0xffffffffffffffff
 _UNEMULATED_SUBMIT_FLAGS = (u.MSM_SUBMIT_FENCE_FD_IN | u.MSM_SUBMIT_FENCE_FD_OUT | u.MSM_SUBMIT_SYNCOBJ_IN | u.MSM_SUBMIT_SYNCOBJ_OUT
                             | u.MSM_SUBMIT_FENCE_SN_IN)
+_CACHE_MODES = (u.MSM_BO_WC, u.MSM_BO_CACHED, u.MSM_BO_CACHED_COHERENT, u.MSM_BO_UNCACHED)
+# GEM_INFO queries whose `len` means something; for every other one the kernel wants len == 0
+_INFO_WITH_LEN = (u.MSM_INFO_SET_NAME, u.MSM_INFO_GET_NAME)
+# fence ids come from a per-queue cyclic allocator over 1..INT_MAX (msm-kernel-rules.md), not from a 32-bit counter
+FENCE_ID_MAX = 0x7fffffff
+# the CP's IB size field: the kernel writes the dword count unchecked and the hardware keeps the low 20 bits
+_IB_DWORDS_MASK = (1 << 20) - 1
+
+
+def _fence_newer(a: int, b: int) -> bool:
+  """Whether id a was allocated after id b on one queue, across the allocator's wrap (ids stay within half a cycle)."""
+  return 0 < (a - b) % (FENCE_ID_MAX + 1) < (FENCE_ID_MAX + 1) // 2
 
 
 def _err(code: int, detail: str) -> OSError:
@@ -62,6 +74,11 @@ class SubmitQueue:
   last_fence: int = 0
   retired: int = 0
   faults: int = 0
+  live: set[int] = field(default_factory=set)   # submitted, not yet retired: the kernel's fence idr
+
+  def next_fence(self) -> int:
+    self.last_fence = self.last_fence % FENCE_ID_MAX + 1
+    return self.last_fence
 
 
 @dataclass(eq=False)
@@ -143,8 +160,13 @@ class RenderNode(FileIOInterface):
   the dynamic work of recent dispatches and `kernel_names` (shader IOVA -> name, filled by the QCOM program) names them."""
 
   def __init__(self, strict: bool = True, va_start: int = 0x1_0000_0000, va_size: int = 1 << 32, version: tuple[int, int, int] = (1, 12, 0),
-               chip_id: int = u.ADRENO_630_CHIP_ID, priorities: int = 3, history: int = 256, execute: bool = False):
+               chip_id: int = u.ADRENO_630_CHIP_ID, priorities: int = 3, history: int = 256, execute: bool = False, first_fence: int = 1,
+               per_process_pgtables: bool = True):
+    """first_fence: the id each queue's fence allocator hands out first (tests start it near the wrap). per_process_pgtables=False
+    is a kernel/IOMMU without them: VA_START/VA_SIZE are EINVAL and SET_IOVA is EOPNOTSUPP."""
     self.path, self.strict, self.version, self.chip_id, self.priorities = "emu:/dev/dri/renderD128", strict, version, chip_id, priorities
+    self.first_fence, self.per_process_pgtables = first_fence, per_process_pgtables
+    self._ring_ctx = False   # whether the ring last ran this file's context (decides whether CTX_RESTORE_BUF commands run)
     # allocations start 3 GiB into a 4 GiB window so no pair of small integers in a constant buffer looks like a pointer
     self.window = IovaWindow(va_start, va_size, floor=(3 << 30) if va_size == 1 << 32 else 0)
     self._gems: dict[int, GemObject] = {}
@@ -154,7 +176,7 @@ class RenderNode(FileIOInterface):
     self._closed_order: collections.deque[int] = collections.deque()
     self._handles = itertools.count(1)
     self._next_offset = 0x100000000
-    self._queues: dict[int, SubmitQueue] = {0: SubmitQueue(0, 1)}   # queue 0 exists at open, at the middle priority
+    self._queues: dict[int, SubmitQueue] = {0: self._new_queue(0, 1)}   # queue 0 exists at open, at the middle priority
     self._queue_ids = itertools.count(1)
     self._ring: collections.deque[Job] = collections.deque()
     self._running = False
@@ -222,6 +244,8 @@ class RenderNode(FileIOInterface):
     if (inj := self._injected.get(short)) is not None and inj.count > 0:
       inj.count -= 1
       raise _err(inj.code, f"injected on {short}")
+    if not (request >> 30) & u._IOC_READ:
+      arg = type(arg).from_buffer_copy(arg)   # a write-only ioctl: the kernel copies nothing back, whatever its handler sets
     self._handlers[request](arg)
     return 0
 
@@ -290,6 +314,7 @@ class RenderNode(FileIOInterface):
         self.stats.faults.append(f"queue {job.queue.id} fence {job.fence}: {fault}")
       self._ring.popleft()
       job.queue.retired = job.fence
+      job.queue.live.discard(job.fence)
       for gem in job.bos:
         gem.pins -= 1
         if not gem.open and gem.pins == 0:
@@ -320,10 +345,14 @@ class RenderNode(FileIOInterface):
     gem.iova = iova
     self._by_iova.add(iova, _round_page(gem.size), gem)
 
-  def _lookup(self, handle: int) -> GemObject:
+  def _lookup(self, handle: int, code: int = errno.EINVAL) -> GemObject:
+    """A handle of this file: a submit's table and GEM_CLOSE refuse a bad one with EINVAL, object lookups (GEM_INFO, CPU_PREP) with ENOENT."""
     if (gem := self._gems.get(handle)) is None:
-      raise _err(errno.EINVAL, f"invalid GEM handle {handle}")
+      raise _err(code, f"invalid GEM handle {handle}")
     return gem
+
+  def _new_queue(self, qid: int, prio: int, flags: int = 0) -> SubmitQueue:
+    return SubmitQueue(qid, prio, flags, last_fence=self.first_fence - 1 if self.first_fence > 1 else 0)
 
   # *** ioctls ***
 
@@ -335,8 +364,12 @@ class RenderNode(FileIOInterface):
       setattr(a, f"{fld}_len", len(text))
 
   def _get_param(self, a: u.drm_msm_param) -> None:
-    if a.pipe != u.MSM_PIPE_3D0:
-      raise _err(errno.EINVAL, f"pipe {a.pipe:#x}")
+    if a.pipe != u.MSM_PIPE_3D0 or a.pad:
+      raise _err(errno.EINVAL, f"pipe {a.pipe:#x} pad {a.pad:#x}")
+    if a.len:
+      raise _err(errno.EINVAL, f"len {a.len} on a value param")   # only the write-only string params (COMM, CMDLINE) take a length
+    if a.param in (u.MSM_PARAM_VA_START, u.MSM_PARAM_VA_SIZE) and not self.per_process_pgtables:
+      raise _err(errno.EINVAL, "no per-process page tables")
     values = {u.MSM_PARAM_GPU_ID: 630, u.MSM_PARAM_CHIP_ID: self.chip_id, u.MSM_PARAM_GMEM_SIZE: 1 << 20, u.MSM_PARAM_MAX_FREQ: 710_000_000,
               u.MSM_PARAM_TIMESTAMP: always_on_counter(), u.MSM_PARAM_GMEM_BASE: 0x100000, u.MSM_PARAM_PRIORITIES: self.priorities,
               u.MSM_PARAM_FAULTS: sum(q.faults for q in self._queues.values()), u.MSM_PARAM_SUSPENDS: 0,
@@ -348,6 +381,8 @@ class RenderNode(FileIOInterface):
   def _gem_new(self, a: u.drm_msm_gem_new) -> None:
     if a.flags & ~u.MSM_BO_FLAGS or a.size == 0:
       raise _err(errno.EINVAL, f"GEM_NEW flags {a.flags:#x} size {a.size:#x}")
+    if (a.flags & u.MSM_BO_CACHE_MASK) not in _CACHE_MODES:
+      raise _err(errno.EINVAL, f"GEM_NEW flags {a.flags:#x} name {'no' if not a.flags & u.MSM_BO_CACHE_MASK else 'more than one'} cache mode")
     size = _round_page(a.size)
     fd = os.memfd_create("msm-bo", os.MFD_CLOEXEC)
     try:
@@ -364,7 +399,11 @@ class RenderNode(FileIOInterface):
     a.handle = gem.handle
 
   def _gem_info(self, a: u.drm_msm_gem_info) -> None:
-    gem = self._lookup(a.handle)
+    if a.pad:
+      raise _err(errno.EINVAL, f"GEM_INFO pad {a.pad:#x}")
+    if a.len and a.info not in _INFO_WITH_LEN:
+      raise _err(errno.EINVAL, f"GEM_INFO {a.info} takes no len (got {a.len})")
+    gem = self._lookup(a.handle, errno.ENOENT)
     if a.info == u.MSM_INFO_GET_OFFSET:
       a.value = gem.mmap_offset
     elif a.info == u.MSM_INFO_GET_IOVA:
@@ -372,6 +411,8 @@ class RenderNode(FileIOInterface):
         self._assign_iova(gem)
       a.value = gem.iova
     elif a.info == u.MSM_INFO_SET_IOVA:
+      if not self.per_process_pgtables:
+        raise _err(errno.EOPNOTSUPP, "SET_IOVA needs per-process page tables")
       if a.value == 0:
         if gem.pins:
           raise _err(errno.EBUSY, f"BO handle {gem.handle} is in use")
@@ -398,8 +439,13 @@ class RenderNode(FileIOInterface):
       self._release(gem)   # otherwise the pending submits keep the backing until they retire
 
   def _submit(self, a: u.drm_msm_gem_submit) -> None:
+    # checks in the kernel's order, so a submit with two faults gets the errno the kernel would give first
     if a.flags & ~(u.MSM_SUBMIT_FLAGS | u.MSM_PIPE_MASK) or (a.flags & u.MSM_PIPE_MASK) != u.MSM_PIPE_3D0:
       raise _err(errno.EINVAL, f"submit flags {a.flags:#x}")
+    if a.pad:
+      raise _err(errno.EINVAL, f"submit pad {a.pad:#x}")
+    if a.flags & u.MSM_SUBMIT_SUDO:
+      raise _err(errno.EINVAL, "SUDO needs CAP_SYS_RAWIO (and CONFIG_DRM_MSM_GPU_SUDO)")
     if a.flags & _UNEMULATED_SUBMIT_FLAGS:
       raise _err(errno.EINVAL, "fence fds, syncobjs and userspace seqnos are not emulated")
     if (q := self._queues.get(a.queueid)) is None:
@@ -407,55 +453,68 @@ class RenderNode(FileIOInterface):
     bos = (u.drm_msm_gem_submit_bo * a.nr_bos).from_address(a.bos) if a.nr_bos else []
     cmds = (u.drm_msm_gem_submit_cmd * a.nr_cmds).from_address(a.cmds) if a.nr_cmds else []
     gems: list[GemObject] = []
-    seen: set[int] = set()
     for i, bo in enumerate(bos):
-      if bo.flags & ~u.MSM_SUBMIT_BO_FLAGS:
-        raise _err(errno.EINVAL, f"bos[{i}] flags {bo.flags:#x}")
-      if bo.handle in seen:
-        raise _err(errno.EINVAL, f"bos[{i}] handle {bo.handle} already on submit list")
-      seen.add(bo.handle)
+      if bo.flags & ~u.MSM_SUBMIT_BO_FLAGS or not bo.flags & (u.MSM_SUBMIT_BO_READ | u.MSM_SUBMIT_BO_WRITE):
+        raise _err(errno.EINVAL, f"bos[{i}] flags {bo.flags:#x} (each entry needs READ or WRITE)")
       gems.append(self._lookup(bo.handle))
+    for i, c in enumerate(cmds):
+      if c.type not in (u.MSM_SUBMIT_CMD_BUF, u.MSM_SUBMIT_CMD_IB_TARGET_BUF, u.MSM_SUBMIT_CMD_CTX_RESTORE_BUF):
+        raise _err(errno.EINVAL, f"cmds[{i}] type {c.type}")
+      if c.size % 4:
+        raise _err(errno.EINVAL, f"cmds[{i}] size {c.size:#x} is not whole dwords")
+    seen: set[int] = set()
+    for i, bo in enumerate(bos):   # the kernel meets a duplicate when it locks the objects, in the ww-mutex code
+      if bo.handle in seen:
+        raise _err(errno.EALREADY, f"bos[{i}] handle {bo.handle} already on submit list")
+      seen.add(bo.handle)
     frames = []
     for i, c in enumerate(cmds):
-      if c.type != u.MSM_SUBMIT_CMD_BUF:
-        raise _err(errno.EINVAL, f"cmds[{i}] type {c.type} (only CMD_BUF is emulated)")
       if c.submit_idx >= len(gems):
         raise _err(errno.EINVAL, f"cmds[{i}] submit_idx {c.submit_idx} >= nr_bos {len(gems)}")
+      gem = gems[c.submit_idx]
+      dw_off, dw_size = c.submit_offset // 4, c.size // 4   # the kernel truncates an unaligned offset rather than refusing it
+      if dw_size == 0 or dw_off + dw_size > gem.size // 4:
+        raise _err(errno.EINVAL, f"cmds[{i}] offset {c.submit_offset:#x} size {c.size:#x} outside BO handle {gem.handle} ({gem.size:#x})")
       if c.nr_relocs:
         raise _err(errno.EINVAL, f"cmds[{i}] has relocs, which this driver generation rejects")
-      gem = gems[c.submit_idx]
-      if c.submit_offset % 4 or c.size % 4 or c.size == 0 or c.size > u.MSM_IB_MAX_BYTES or c.submit_offset + c.size > gem.size:
-        raise _err(errno.EINVAL, f"cmds[{i}] offset {c.submit_offset:#x} size {c.size:#x} outside BO handle {gem.handle} ({gem.size:#x})")
       if not gem.iova:
         self._assign_iova(gem)
-      frames.append(Frame(gem.iova + c.submit_offset, c.size // 4))
+      # IB_TARGET_BUF is only a target of other IBs; CTX_RESTORE_BUF runs only when the ring switches to this context
+      if c.type == u.MSM_SUBMIT_CMD_BUF or (c.type == u.MSM_SUBMIT_CMD_CTX_RESTORE_BUF and not self._ring_ctx):
+        frames.append(Frame(gem.iova + dw_off * 4, dw_size & _IB_DWORDS_MASK))
     for gem in gems:
       if not gem.iova:
         self._assign_iova(gem)   # pinning maps the BO
       gem.pins += 1
-    q.last_fence += 1
-    a.fence = q.last_fence
+    self._ring_ctx = True
+    fence = q.next_fence()
+    q.live.add(fence)
+    a.fence = fence
     self.stats.submits += 1
-    self.submits.append(SubmitRecord(q.id, q.last_fence, tuple(b.handle for b in bos), tuple(b.flags for b in bos),
+    self.submits.append(SubmitRecord(q.id, fence, tuple(b.handle for b in bos), tuple(b.flags for b in bos),
                                      tuple((gems[c.submit_idx].handle, c.submit_offset, c.size) for c in cmds)))
-    self._ring.append(Job(q, q.last_fence, gems, ExecState(frames[::-1]), frozenset(gems)))
+    self._ring.append(Job(q, fence, gems, ExecState(frames[::-1]), frozenset(gems)))
 
   def _wait_fence(self, a: u.drm_msm_wait_fence) -> None:
+    if a.flags & ~u.MSM_WAIT_FENCE_FLAGS:
+      raise _err(errno.EINVAL, f"WAIT_FENCE flags {a.flags:#x}")
     if (q := self._queues.get(a.queueid)) is None:
       raise _err(errno.ENOENT, f"submitqueue {a.queueid}")
-    if a.fence > q.last_fence:
+    if _fence_newer(a.fence, q.last_fence):
       raise _err(errno.EINVAL, f"fence {a.fence} is newer than the queue's last ({q.last_fence})")
     deadline = a.timeout.tv_sec * 1_000_000_000 + a.timeout.tv_nsec
     while True:
       self.progress()
-      if q.retired >= a.fence:
+      if a.fence not in q.live:   # retired (or never handed out): the kernel's idr no longer has it, so 0 at once
         return
       if time.clock_gettime_ns(time.CLOCK_MONOTONIC) >= deadline:
         raise _err(errno.ETIMEDOUT, f"fence {a.fence} on queue {q.id}")
       time.sleep(min(0.0005, max(0, deadline - time.clock_gettime_ns(time.CLOCK_MONOTONIC)) / 1e9))
 
   def _cpu_prep(self, a: u.drm_msm_gem_cpu_prep) -> None:
-    gem = self._lookup(a.handle)
+    if a.op & ~u.MSM_PREP_FLAGS:
+      raise _err(errno.EINVAL, f"CPU_PREP op {a.op:#x}")
+    gem = self._lookup(a.handle, errno.ENOENT)
     deadline = a.timeout.tv_sec * 1_000_000_000 + a.timeout.tv_nsec
     while True:
       self.progress()
@@ -474,7 +533,7 @@ class RenderNode(FileIOInterface):
       raise _err(errno.EINVAL, f"submitqueue flags {a.flags:#x}")
     if a.prio >= self.priorities:
       raise _err(errno.EINVAL, f"priority {a.prio} >= {self.priorities}")
-    q = SubmitQueue(next(self._queue_ids), a.prio, a.flags)
+    q = self._new_queue(next(self._queue_ids), a.prio, a.flags)
     self._queues[q.id] = q
     a.id = q.id
 
@@ -490,9 +549,10 @@ class RenderNode(FileIOInterface):
     if a.param != u.MSM_SUBMITQUEUE_PARAM_FAULTS:
       raise _err(errno.EINVAL, f"query param {a.param}")
     self.progress()
-    if a.data and a.len >= 4:
-      ctypes.c_uint32.from_address(a.data).value = q.faults
-    a.len = 4
+    if a.len:   # len 0 asks for the size, which this write-only ioctl cannot return
+      if not a.data:
+        raise _err(errno.EFAULT, "query data pointer is NULL")
+      ctypes.memmove(a.data, struct.pack("<I", q.faults), min(a.len, 4))
 
   def _madvise(self, a: u.drm_msm_gem_madvise) -> None:
     self._lookup(a.handle)
