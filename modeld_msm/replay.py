@@ -376,6 +376,8 @@ class Replayer:
       start = "fresh"
       if mode == "warmup" and previous is not None and warmup_steps > 0:
         start = self._warm_up(previous, warmup_steps, plan.car_params)
+      elif mode == "route" and previous is not None:
+        start = f"fresh (previous segment {previous.name} failed)"
       elif mode in ("warmup", "route") and seg.number:
         start = f"fresh (no previous segment {segment_name(seg.route or '?', seg.number - 1)})"
       if not start.startswith("warm-up"):

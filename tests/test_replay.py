@@ -438,6 +438,11 @@ def test_route_and_warmup_modes(route, artifact, tmp_path):
   assert short[names[2]] != warm_a[names[2]]
 
 
+def alone_fresh(seg, artifact, tmp_path: Path) -> bytes:
+  replay_segment(seg, artifact, tmp_path / f"fresh-{seg.name}.zst")
+  return (tmp_path / f"fresh-{seg.name}.zst").read_bytes()
+
+
 def test_warmup_finds_the_previous_segment_on_disk(route, artifact, tmp_path):
   """Segment-parallel: a task given only segment n still warms up on n-1 from the route folder; without one it says so."""
   _run(route, artifact, tmp_path / "all", mode="warmup")
@@ -446,6 +451,13 @@ def test_warmup_finds_the_previous_segment_on_disk(route, artifact, tmp_path):
   lonely = _copy_seg(route[1].path, tmp_path / "x" / route[1].name)
   res = replay_many([open_segment(lonely)], artifact, tmp_path / "l.zst", mode="warmup", progress=False)
   assert res[0].start == f"fresh (no previous segment {route[0].name})"
+  # route mode: a segment that fails does not stop its route; the next one starts fresh and says why
+  broken = [_copy_seg(s.path, tmp_path / "r" / s.name) for s in route]
+  (broken[1] / "fcamera.hevc").unlink()
+  res = replay_many(expand_segments([str(tmp_path / "r")]), artifact, tmp_path / "b", mode="route", progress=False)
+  assert res[0].error is None and "fcamera.hevc" in (res[1].error or "") and res[2].error is None
+  assert res[2].start == f"fresh (previous segment {route[1].name} failed)"
+  assert res[2].out.read_bytes() == alone_fresh(route[2], artifact, tmp_path)
 
 
 def test_cli_modes_with_jobs_match_serial(route, artifact, tmp_path):
