@@ -1,5 +1,6 @@
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -314,3 +315,150 @@ def test_confidence_scores_past_predictions_for_now():
   out = parsed(*raw_outputs(10, probs))
   got = [str(roundtrip(fill(out, state, frame_id=40 * k)[0]).modelV2.confidence) for k in range(6)]
   assert got == ["green", "green", "green", "green", "yellow", "yellow"]  # score 0.3 / 5 = 0.06 from the 5th update
+
+
+# *** every published field against the raw model output it comes from ***
+# The layout below is openpilot's output contract for the slices in VISION_SLICES / POLICY_SLICES, written out by hand
+# (mu then log-std for the MDN heads, logits for the probabilities), so a mix-up in the parser or in fill_msg (a wrong
+# column, a swapped axis, a std taken from mu) shows even where the parsed dict and the message agree with each other.
+
+def _sig(x):
+  return 1 / (1 + np.exp(-np.asarray(x, dtype=np.float64)))
+
+
+def _softmax(x):
+  e = np.exp(x - x.max(axis=-1, keepdims=True))
+  return e / e.sum(axis=-1, keepdims=True)
+
+
+def _leaves(d, pre=""):
+  """Every leaf of a to_dict() tree as 'a.b[i].c'."""
+  if isinstance(d, dict):
+    for k, v in d.items():
+      yield from _leaves(v, f"{pre}.{k}" if pre else k)
+  elif isinstance(d, list) and d and isinstance(d[0], dict):
+    for i, v in enumerate(d):
+      yield from _leaves(v, f"{pre}[{i}]")
+  else:
+    yield pre
+
+
+class _Checker:
+  def __init__(self):
+    self.seen: set[str] = set()
+
+  def __call__(self, path: str, got, want, rtol=2e-6, atol=1e-7):
+    self.seen.add(path)
+    got = np.asarray(list(got) if hasattr(got, "__len__") and not isinstance(got, str) else got, dtype=np.float64)
+    np.testing.assert_allclose(got, np.asarray(want, dtype=np.float64), rtol=rtol, atol=atol, err_msg=path)
+
+  def exact(self, path: str, got, want):
+    self.seen.add(path)
+    assert got == want, (path, got, want)
+
+  def unchecked(self, reader, allowed: set[str]) -> set[str]:
+    return {p for p in _leaves(reader.to_dict()) if p not in self.seen and re.sub(r"\[\d+\]", "[]", p) not in allowed}
+
+
+def test_every_field_against_its_raw_output_slice():
+  vision, policy = raw_outputs(11)
+  v, p = vision.astype(np.float64), policy.astype(np.float64)
+  out = parsed(vision, policy)
+  mv2_b, dmd_b = fill(out, frame_id=40, road_frame_id=42, drop=0.05, action=Action(0.003, -1.5, True))
+  fill_lane_change(mv2_b, dmd_b, 3, 2)
+  pose_b = messaging.new_message("cameraOdometry")
+  fill_pose_msg(pose_b, out, 40, 0, 987654321, True)
+  m, d, co = roundtrip(mv2_b).modelV2, roundtrip(dmd_b).drivingModelData, roundtrip(pose_b).cameraOdometry
+
+  t_idxs = [10.0 * (i / 32) ** 2 for i in range(33)]
+  x_idxs = [192.0 * (i / 32) ** 2 for i in range(33)]
+  plan_mu, plan_std = p[0:495].reshape(33, 15), np.exp(p[495:990].reshape(33, 15))
+  lines_mu, lines_std = v[117:381].reshape(4, 33, 2), np.exp(v[381:645].reshape(4, 33, 2))
+  edges_mu, edges_std = v[653:785].reshape(2, 33, 2), np.exp(v[785:917].reshape(2, 33, 2))
+  lead_mu, lead_std = v[917:989].reshape(3, 6, 4), np.exp(v[989:1061].reshape(3, 6, 4))
+  meta = _sig(v[0:55])
+
+  c = _Checker()
+  c.exact("frameId", m.frameId, 40)
+  c.exact("frameIdExtra", m.frameIdExtra, 41)
+  c.exact("frameAge", m.frameAge, 2)
+  c.exact("timestampEof", m.timestampEof, 123456789)
+  c("frameDropPerc", m.frameDropPerc, 5.0)
+  c("modelExecutionTime", m.modelExecutionTime, 0.0123)
+  for name, col in (("position", 0), ("velocity", 3), ("acceleration", 6), ("orientation", 9), ("orientationRate", 12)):
+    c(f"{name}.t", getattr(m, name).t, t_idxs)
+    for k, axis in enumerate("xyz"):
+      c(f"{name}.{axis}", getattr(getattr(m, name), axis), plan_mu[:, col + k])
+  for k, axis in enumerate("xyz"):
+    c(f"position.{axis}Std", getattr(m.position, f"{axis}Std"), plan_std[:, k])
+  for i in range(4):
+    c(f"laneLines[{i}].t", m.laneLines[i].t, [])
+    c(f"laneLines[{i}].x", m.laneLines[i].x, x_idxs)
+    c(f"laneLines[{i}].y", m.laneLines[i].y, lines_mu[i, :, 0])
+    c(f"laneLines[{i}].z", m.laneLines[i].z, lines_mu[i, :, 1])
+  c("laneLineStds", m.laneLineStds, lines_std[:, 0, 0])
+  c("laneLineProbs", m.laneLineProbs, _sig(v[646:653:2]))   # [not visible, visible] logit pairs
+  for i in range(2):
+    c(f"roadEdges[{i}].t", m.roadEdges[i].t, [])
+    c(f"roadEdges[{i}].x", m.roadEdges[i].x, x_idxs)
+    c(f"roadEdges[{i}].y", m.roadEdges[i].y, edges_mu[i, :, 0])
+    c(f"roadEdges[{i}].z", m.roadEdges[i].z, edges_mu[i, :, 1])
+  c("roadEdgeStds", m.roadEdgeStds, edges_std[:, 0, 0])
+  for i in range(3):
+    ld = m.leadsV3[i]
+    c(f"leadsV3[{i}].t", ld.t, [0, 2, 4, 6, 8, 10])
+    for k, f in enumerate("xyva"):
+      c(f"leadsV3[{i}].{f}", getattr(ld, f), lead_mu[i, :, k])
+      c(f"leadsV3[{i}].{f}Std", getattr(ld, f + "Std"), lead_std[i, :, k])
+    c(f"leadsV3[{i}].prob", ld.prob, _sig(v[1061 + i]))
+    c(f"leadsV3[{i}].probTime", ld.probTime, [0, 2, 4][i])
+  c("meta.desireState", m.meta.desireState, _softmax(p[990:998]), rtol=1e-5)
+  c("meta.desirePrediction", m.meta.desirePrediction, _softmax(v[55:87].reshape(4, 8)).reshape(-1), rtol=1e-5)
+  c("meta.engagedProb", m.meta.engagedProb, meta[0])
+  dp = m.meta.disengagePredictions
+  c("meta.disengagePredictions.t", dp.t, [2, 4, 6, 8, 10])
+  for field, start, step, stop in (("gasDisengageProbs", 1, 6, 31), ("brakeDisengageProbs", 2, 6, 31), ("steerOverrideProbs", 3, 6, 31),
+                                   ("brake3MetersPerSecondSquaredProbs", 4, 6, 31), ("brake4MetersPerSecondSquaredProbs", 5, 6, 31),
+                                   ("brake5MetersPerSecondSquaredProbs", 6, 6, 31), ("gasPressProbs", 31, 4, 55), ("brakePressProbs", 32, 4, 55)):
+    c(f"meta.disengagePredictions.{field}", getattr(dp, field), meta[start:stop:step])
+  c.exact("meta.hardBrakePredicted", m.meta.hardBrakePredicted, False)   # meta logits are -8: no hard brake
+  c.exact("confidence", str(m.confidence), "green")
+  c.exact("meta.laneChangeState", str(m.meta.laneChangeState), "laneChangeFinishing")
+  c.exact("meta.laneChangeDirection", str(m.meta.laneChangeDirection), "right")
+  c("action.desiredCurvature", m.action.desiredCurvature, 0.003)
+  c("action.desiredAcceleration", m.action.desiredAcceleration, -1.5)
+  c.exact("action.shouldStop", m.action.shouldStop, True)
+  # schema placeholders the model does not fill
+  assert not c.unchecked(m, {"meta.unused2", "meta.unused3", "meta.unused4", "unused17", "unused22", "unused24"})
+
+  c = _Checker()
+  c.exact("frameId", d.frameId, 40)
+  c.exact("frameIdExtra", d.frameIdExtra, 41)
+  c("frameDropPerc", d.frameDropPerc, 5.0)
+  c("modelExecutionTime", d.modelExecutionTime, 0.0123)
+  c("action.desiredCurvature", d.action.desiredCurvature, 0.003)
+  c("action.desiredAcceleration", d.action.desiredAcceleration, -1.5)
+  c.exact("action.shouldStop", d.action.shouldStop, True)
+  coeffs = np.polynomial.polynomial.polyfit(t_idxs, plan_mu[:, 0:3], deg=4)   # the path as degree-4 polynomials in t
+  for k, axis in enumerate("xyz"):
+    c(f"path.{axis}Coefficients", getattr(d.path, f"{axis}Coefficients"), coeffs[:, k], rtol=1e-4, atol=1e-6)
+  c("laneLineMeta.leftY", d.laneLineMeta.leftY, lines_mu[1, 0, 0])
+  c("laneLineMeta.rightY", d.laneLineMeta.rightY, lines_mu[2, 0, 0])
+  c("laneLineMeta.leftProb", d.laneLineMeta.leftProb, _sig(v[648]))
+  c("laneLineMeta.rightProb", d.laneLineMeta.rightProb, _sig(v[650]))
+  c.exact("meta.laneChangeState", str(d.meta.laneChangeState), "laneChangeFinishing")
+  c.exact("meta.laneChangeDirection", str(d.meta.laneChangeDirection), "right")
+  assert not c.unchecked(d, set())
+
+  c = _Checker()
+  c.exact("frameId", co.frameId, 40)
+  c.exact("timestampEof", co.timestampEof, 987654321)
+  c("trans", co.trans, v[87:90])
+  c("rot", co.rot, v[90:93])
+  c("transStd", co.transStd, np.exp(v[93:96]))
+  c("rotStd", co.rotStd, np.exp(v[96:99]))
+  c("wideFromDeviceEuler", co.wideFromDeviceEuler, v[99:102])
+  c("wideFromDeviceEulerStd", co.wideFromDeviceEulerStd, np.exp(v[102:105]))
+  c("roadTransformTrans", co.roadTransformTrans, v[105:108])
+  c("roadTransformTransStd", co.roadTransformTransStd, np.exp(v[111:114]))
+  assert not c.unchecked(co, set())

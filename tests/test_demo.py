@@ -1,0 +1,52 @@
+"""`modeld-msm demo` end to end: a short drive through the real processes, then what it wrote is checked for sense."""
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+# ~10 s with the tiny artifact cached in ~/.cache/modeld-msm, ~40 s more when the demo has to compile it first
+SECONDS = 4
+pytestmark = pytest.mark.xdist_group("demo")   # one worker runs the demo once for both tests
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+  out = tmp_path_factory.mktemp("demo") / "out"
+  r = run_cli("demo", "--seconds", SECONDS, "--out", out, timeout=600)
+  assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+  return out, r
+
+
+def test_demo_summary_makes_sense(demo):
+  out, r = demo
+  assert f"wrote {out / 'summary.json'} and {out / 'plan.png'}" in r.stdout
+  s = json.loads((out / "summary.json").read_text())
+  assert (s["models"], s["camera"], s["device"], s["seconds"]) == ("tiny", "1928x1208", "CPU", SECONDS)
+  assert abs(s["frames_sent"] - 20 * SECONDS) <= 2   # the camera runs at 20 Hz for the asked time
+  got = s["frames_received"]
+  assert 0.5 * s["frames_sent"] <= got <= s["frames_sent"] and s["frames_dropped"] == s["frames_sent"] - got
+  assert s["published"]["modelV2"] == got and abs(s["published"]["drivingModelData"] - got) <= 1 and abs(s["published"]["cameraOdometry"] - got) <= 1
+  assert 0 <= s["frames_dropped_running"] <= s["frames_dropped"] and 0 <= s["dropped_ratio_running"] < 0.5
+  assert 0 < s["ms_per_frame_p50"] <= s["ms_per_frame_p99"] < 1000
+  assert 0 < s["eof_to_publish_ms_p50"] <= s["eof_to_publish_ms_p99"] < 1000
+  assert 0 <= s["max_frameDropPerc"] <= 100 and 0.5 <= s["valid_ratio"] <= 1
+  assert 10 < s["rss_mb_start"] <= s["rss_mb_end"] * 1.5 and s["rss_mb_end"] < 4096
+  assert all(math.isfinite(v) for v in s.values() if isinstance(v, float))
+  assert (out / "modeld.log").exists() and (out / "camera.log").exists()
+  assert sorted(p.name for p in out.iterdir()) == ["camera.log", "modeld.log", "plan.png", "summary.json"]   # no temp files left
+
+
+def test_demo_plan_png_is_a_drawn_figure(demo):
+  out, _ = demo
+  png = (out / "plan.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+  assert struct.unpack(">II", png[16:24]) == (900, 810)   # 10 x 9 inches at 90 dpi
+  import matplotlib.image
+  img = matplotlib.image.imread(str(out / "plan.png"))
+  rgb = (img[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
+  assert len(np.unique(rgb, axis=0)) > 20 and (rgb < 250).any(axis=1).mean() > 0.02   # lines and text, not a blank canvas
