@@ -11,7 +11,8 @@ import sys
 
 from modeld_msm.errors import UserError
 
-COMMANDS = ["models", "compile", "verify", "keygen", "sign", "serve", "demo", "synth", "replay", "regress", "doctor"]
+COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "demo", "synth", "replay",
+            "regress", "doctor"]
 
 HELP = {
   "models": "write reference driving_vision.onnx / driving_policy.onnx (tiny or full)",
@@ -19,6 +20,10 @@ HELP = {
   "verify": "check an artifact (manifest, versions, device) without running it",
   "keygen": "make an ed25519 key pair for signing release bundles",
   "sign": "sign an artifact or a release bundle (ed25519) so a configured public key accepts it",
+  "release": "release build: compile + verify + bundle one artifact per camera size, with a recorded smoke test",
+  "install": "install a release bundle into an openpilot checkout: openpilot's manager then runs this modeld",
+  "uninstall": "undo `install`: the process table byte for byte as before, the bundle removed",
+  "smoke": "replay the bundle's recorded input on this device's GPU and compare with the outputs expected at build time",
   "serve": "run as openpilot's modeld process",
   "demo": "end-to-end demo on the embedded default: camera server, modeld, listener",
   "synth": "write a synthetic drive segment (rlog + HEVC) from procedurally rendered roads",

@@ -1,0 +1,21 @@
+"""`modeld-msm install OPENPILOT_DIR --bundle DIR`: openpilot's manager runs this modeld on the bundle (release/install.py)."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "install a release bundle into an openpilot checkout: openpilot's manager then runs this modeld"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("openpilot", help="the openpilot checkout (e.g. /data/openpilot)")
+  p.add_argument("--bundle", required=True, help="bundle directory written by `modeld-msm release` (copied into the checkout)")
+  p.add_argument("--dry-run", action="store_true", help="print what would change (a unified diff of the process table) and change nothing")
+  p.add_argument("--allow-cpu", action="store_true", help="accept a CPU bundle (openpilot on a PC); the car needs a QCOM one")
+  p.add_argument("--pubkey", help="require every artifact to be signed by this public key, now and each time modeld starts")
+  p.add_argument("--python", help="interpreter the launcher runs modeld in (default: this one, which has modeld-msm and its tinygrad)")
+
+
+def run(args: argparse.Namespace) -> int:
+  from release.install import install
+  install(args.openpilot, args.bundle, python=args.python, allow_cpu=args.allow_cpu, pubkey=args.pubkey, dry_run=args.dry_run)
+  return 0

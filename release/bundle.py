@@ -1,0 +1,126 @@
+"""A release bundle on disk: `bundle.json` (the index), one verified artifact per camera size, and `smoke/<camera>/`
+(the recorded input and expected outputs `modeld-msm smoke` checks a device against).
+
+`verify_bundle` is what install and smoke both trust: every listed artifact passes `verify_artifact` (manifest, signature
+when a public key is configured, versions, device, camera) and every smoke file matches the hash bundle.json recorded.
+It reads JSON and hashes only; nothing is unpickled.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modeld_msm.errors import UserError
+
+BUNDLE_FILE = "bundle.json"
+SMOKE_DIR = "smoke"
+RELEASE_HINT = "rebuild it with `modeld-msm release` (or `python -m release.build`)"
+
+
+@dataclass
+class Bundle:
+  path: Path
+  index: dict[str, Any]
+  artifacts: dict[str, Any] = field(default_factory=dict)   # camera -> VerifiedArtifact
+
+  @property
+  def device(self) -> str:
+    return str(self.index.get("device"))
+
+  @property
+  def cameras(self) -> list[str]:
+    return list(self.index.get("artifacts", {}))
+
+  def smoke_dir(self, camera: str) -> Path:
+    return self.path / SMOKE_DIR / camera
+
+
+def sha256_bytes(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def sha256_path(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def read_index(path: str | os.PathLike) -> dict[str, Any]:
+  path = Path(path)
+  if not path.is_dir():
+    raise UserError(f"bundle {path} does not exist or is not a directory; pass the directory `modeld-msm release` wrote")
+  try:
+    index = json.loads((path / BUNDLE_FILE).read_text())
+  except FileNotFoundError:
+    what = "a single artifact" if (path / "manifest.json").exists() else "not a release bundle"
+    raise UserError(f"{path} has no {BUNDLE_FILE} ({what}); pass the directory `modeld-msm release` wrote") from None
+  except (OSError, ValueError) as e:
+    raise UserError(f"bundle {path}: {BUNDLE_FILE} is unreadable ({e}); {RELEASE_HINT}") from None
+  if not isinstance(index, dict) or not isinstance(index.get("artifacts"), dict) or not index["artifacts"]:
+    raise UserError(f"bundle {path}: {BUNDLE_FILE} lists no artifacts; {RELEASE_HINT}")
+  return index
+
+
+def verify_bundle(path: str | os.PathLike, device: str | None = None, cameras: list[str] | None = None,
+                  pubkey: str | os.PathLike | None = None, smoke: bool | None = True) -> Bundle:
+  """The bundle's index, its artifacts verified (all listed cameras, or `cameras`), and its smoke files checked
+  (smoke=True: required, None: checked where the build recorded them, False: not looked at)."""
+  from compile.artifact import verify_artifact
+  from selfdrive_glue.nv12 import parse_camera
+  path = Path(path)
+  b = Bundle(path, read_index(path))
+  if device is not None and b.device != device:
+    raise UserError(f"bundle {path} is for device {b.device}, not {device}; build one with `modeld-msm release --device {device}`")
+  for cam in cameras or b.cameras:
+    if cam not in b.index["artifacts"]:
+      raise UserError(f"bundle {path} has no artifact for camera {cam} (it has {', '.join(b.cameras)}); {RELEASE_HINT} with --camera {cam}")
+    b.artifacts[cam] = verify_artifact(path / cam, device=b.device, camera=parse_camera(cam), pubkey=pubkey)
+    if smoke or (smoke is None and b.index["artifacts"][cam].get("smoke")):
+      check_smoke_files(b, cam)
+  return b
+
+
+def check_smoke_files(b: Bundle, camera: str) -> dict[str, str]:
+  """The smoke files of one camera, each matching the sha256 the release build recorded in bundle.json."""
+  listed = b.index["artifacts"][camera].get("smoke", {}).get("files")
+  if not listed:
+    raise UserError(f"bundle {b.path} carries no smoke data for {camera} (built before `modeld-msm smoke` existed?); {RELEASE_HINT}")
+  d = b.smoke_dir(camera)
+  for name, digest in listed.items():
+    f = d / name
+    if not f.is_file():
+      raise UserError(f"bundle {b.path}: smoke file {SMOKE_DIR}/{camera}/{name} is missing; {RELEASE_HINT}")
+    if sha256_path(f) != digest:
+      raise UserError(f"bundle {b.path}: smoke file {SMOKE_DIR}/{camera}/{name} does not match the hash in {BUNDLE_FILE} "
+                      f"(modified or corrupt); {RELEASE_HINT}")
+  return dict(listed)
+
+
+def tree_files(path: Path) -> list[Path]:
+  return sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def tree_digest(path: Path) -> str:
+  """sha256 over every file's relative path and content: equal digests mean byte-identical trees."""
+  h = hashlib.sha256()
+  for p in tree_files(path):
+    h.update(f"{p.relative_to(path).as_posix()}\0{sha256_path(p)}\n".encode())
+  return h.hexdigest()
+
+
+def tree_size(path: Path) -> int:
+  return sum(p.stat().st_size for p in tree_files(path))
+
+
+def human_size(n: float) -> str:
+  for unit in ("B", "kB", "MB", "GB"):
+    if n < 1000 or unit == "GB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1000
+  return f"{n:.1f} GB"

@@ -1,0 +1,356 @@
+"""Install a release bundle into an openpilot checkout so that openpilot's manager runs this modeld, and undo it.
+
+What `install OPENPILOT_DIR --bundle DIR` does (all of it recorded in third_party/modeld_msm/install.json):
+  third_party/modeld_msm/artifacts/     a copy of the bundle, verified before and after copying
+  third_party/modeld_msm/modeld         the launcher the manager runs (below)
+  third_party/modeld_msm/process_config.py.orig   the process table as it was, byte for byte
+  system/manager/process_config.py      its one modeld entry, whatever its form, becomes
+      NativeProcess("modeld", "third_party/modeld_msm", ["./modeld"], <the stock should_run>, <the stock keywords>)
+and `uninstall` puts process_config.py back byte for byte and removes third_party/modeld_msm (and third_party, if
+install created it).
+
+Why a launcher and not `PythonProcess("modeld", "modeld_msm.modeld", ...)`: openpilot's launch script sets
+PYTHONPATH to the checkout, whose root holds `tinygrad -> tinygrad_repo/tinygrad`, so `import tinygrad` there is
+openpilot's vendored tinygrad, not the pinned 0.14.0 this modeld's QCOM backend and artifacts are built for. And a
+PythonProcess is forked from the manager, which has already imported that tinygrad while preimporting
+dmonitoringmodeld. The launcher is openpilot's own idiom for a process with its own runtime (modeld was once
+`NativeProcess("modeld", "selfdrive/modeld", ["./modeld"], ...)` with a shell script there): it execs the interpreter
+modeld-msm is installed in, `python -m modeld_msm.modeld`, with this package's source root as PYTHONPATH, so the
+process is the same `modeld_msm.modeld` as `python -m modeld_msm.modeld` anywhere else. The manager still starts it
+onroad only and stops it with SIGINT then SIGKILL, as for the stock modeld.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modeld_msm.errors import UserError
+from release.bundle import BUNDLE_FILE, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
+
+PROCESS_CONFIG = Path("system/manager/process_config.py")
+PROCESS_PY = Path("system/manager/process.py")
+INSTALL_REL = "third_party/modeld_msm"
+STATE, ORIGINAL, LAUNCHER, BUNDLE_DIR, PUBKEY = "install.json", "process_config.py.orig", "modeld", "artifacts", "modeld-msm.pub"
+STATE_FORMAT = 1
+ENTRY_KINDS = ("PythonProcess", "NativeProcess")
+# positional parameters after should_run, the same for both classes in openpilot's process.py
+EXTRA_POSITIONAL = ("enabled", "sigkill", "watchdog_max_dt")
+COMMENT = "# modeld-msm: the vamOS (MSM render node) modeld; changes recorded in {rel}/install.json, `modeld-msm uninstall` undoes them\n"
+
+
+@dataclass
+class Entry:
+  """The process table's modeld entry: where it is (byte offsets) and what it says."""
+  start: int
+  end: int
+  line_start: int
+  lineno: int
+  kind: str
+  ours: bool
+  should_run: str
+  keywords: list[str]
+  at_line_start: bool
+
+  def replacement(self) -> str:
+    rest = "".join(f", {k}" for k in self.keywords)
+    return f'NativeProcess("modeld", "{INSTALL_REL}", ["./{LAUNCHER}"], {self.should_run}{rest})'
+
+
+def check_openpilot(root: Path) -> None:
+  if not root.is_dir():
+    raise UserError(f"{root} is not a directory; pass the openpilot checkout (e.g. /data/openpilot)")
+  if not (root / PROCESS_CONFIG).is_file() or not (root / PROCESS_PY).is_file():
+    if (root / "selfdrive/manager/process_config.py").is_file():
+      raise UserError(f"{root} is an openpilot older than 0.9 (its process table is selfdrive/manager/process_config.py); "
+                      f"this installer edits {PROCESS_CONFIG}: use openpilot 0.10 or newer")
+    raise UserError(f"{root} is not an openpilot checkout (no {PROCESS_CONFIG} and {PROCESS_PY}); pass the openpilot directory, "
+                    "e.g. /data/openpilot")
+
+
+def find_modeld(data: bytes, where: str) -> Entry:
+  """The one modeld entry of the `procs` list, or a UserError saying why the layout is not one this installer edits."""
+  hint = "edit the process table by hand (see README: On the car) or report the layout"
+  try:
+    tree = ast.parse(data)
+  except SyntaxError as e:
+    raise UserError(f"{where} does not parse as Python ({e.msg}, line {e.lineno}); fix it first") from None
+  procs = [n.value for n in tree.body if isinstance(n, ast.Assign | ast.AnnAssign) and isinstance(n.value, ast.List)
+           and any(isinstance(t, ast.Name) and t.id == "procs" for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+  if len(procs) != 1:
+    raise UserError(f"unknown process-table layout in {where}: expected one `procs = [...]` list at module level, found {len(procs)}; {hint}")
+  calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _func_name(n).endswith("Process") and n.args
+           and isinstance(n.args[0], ast.Constant) and n.args[0].value == "modeld"]
+  if len(calls) != 1:
+    lines = ", ".join(str(c.lineno) for c in calls)
+    raise UserError(f"unknown process-table layout in {where}: expected exactly one \"modeld\" process entry, found {len(calls)}"
+                    + (f" (lines {lines})" if calls else "") + f"; {hint}")
+  call = calls[0]
+  kind = _func_name(call)
+  if call not in procs[0].elts or kind not in ENTRY_KINDS:
+    raise UserError(f"unknown process-table layout in {where}: the modeld entry (line {call.lineno}) is not a PythonProcess or "
+                    f"NativeProcess element of `procs`; {hint}")
+  if not _binds(tree, "NativeProcess"):
+    raise UserError(f"unknown process-table layout in {where}: NativeProcess is not imported there; {hint}")
+  starts = _line_starts(data)
+  span = lambda n: (starts[n.lineno - 1] + n.col_offset, starts[(n.end_lineno or n.lineno) - 1] + (n.end_col_offset or 0))  # noqa: E731
+  seg = lambda n: data[slice(*span(n))].decode()  # noqa: E731
+  pos = 2 if kind == "PythonProcess" else 3
+  should_run = [seg(call.args[pos])] if len(call.args) > pos else [seg(k.value) for k in call.keywords if k.arg == "should_run"]
+  if not should_run:
+    raise UserError(f"unknown process-table layout in {where}: the modeld entry (line {call.lineno}) has no should_run; {hint}")
+  extra = call.args[pos + 1:]
+  if len(extra) > len(EXTRA_POSITIONAL):
+    raise UserError(f"unknown process-table layout in {where}: the modeld entry (line {call.lineno}) has {len(call.args)} positional "
+                    f"arguments; {hint}")
+  keywords = [f"{name}={seg(a)}" for name, a in zip(EXTRA_POSITIONAL, extra)]
+  keywords += [f"{k.arg}={seg(k.value)}" if k.arg else f"**{seg(k.value)}" for k in call.keywords if k.arg != "should_run"]
+  ours = kind == "NativeProcess" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant) and call.args[1].value == INSTALL_REL
+  line_start, (start, end) = starts[call.lineno - 1], span(call)
+  return Entry(start, end, line_start, call.lineno, kind, ours, should_run[0], keywords, not data[line_start:start].strip())
+
+
+def _func_name(call: ast.Call) -> str:
+  f = call.func
+  return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _binds(tree: ast.Module, name: str) -> bool:
+  for n in tree.body:
+    if isinstance(n, ast.ImportFrom | ast.Import) and any((a.asname or a.name) == name for a in n.names):
+      return True
+    if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == name:
+      return True
+  return False
+
+
+def _line_starts(data: bytes) -> list[int]:
+  # ast columns are UTF-8 byte offsets, so the file is edited as bytes: everything outside the entry stays as it was
+  starts, pos = [], 0
+  for line in data.splitlines(keepends=True):
+    starts.append(pos)
+    pos += len(line)
+  return starts + [pos]
+
+
+def edit_table(data: bytes, e: Entry) -> bytes:
+  new = e.replacement().encode()
+  if not e.at_line_start:
+    return data[:e.start] + new + data[e.end:]
+  indent = data[e.line_start:e.start]
+  return data[:e.line_start] + indent + COMMENT.format(rel=INSTALL_REL).encode() + indent + new + data[e.end:]
+
+
+def unified_diff(old: bytes, new: bytes, rel: Path) -> str:
+  return "".join(difflib.unified_diff(old.decode(errors="replace").splitlines(keepends=True), new.decode(errors="replace").splitlines(keepends=True),
+                                      f"a/{rel}", f"b/{rel}"))
+
+
+def source_root() -> Path:
+  """The directory holding this package's modules (the checkout for an editable install, else site-packages)."""
+  import modeld_msm
+  return Path(modeld_msm.__file__).resolve().parents[1]
+
+
+def launcher_text(python: str, src: Path, pubkey: bool) -> bytes:
+  lines = [
+    "#!/bin/sh",
+    "# Written by `modeld-msm install` (what it changed: install.json beside this file; `modeld-msm uninstall` undoes it).",
+    "# openpilot's PYTHONPATH makes `tinygrad` its vendored copy; modeld-msm needs the pinned tinygrad it was installed with,",
+    "# so it runs in that interpreter with its own source root first on the path.",
+    'here="$(cd "$(dirname "$0")" && pwd)"',
+    f"export PYTHONPATH={shlex.quote(str(src))}",
+    'export MODELD_ARTIFACT="$here/artifacts"',
+  ]
+  if pubkey:
+    lines.append(f'export MODELD_PUBKEY="$here/{PUBKEY}"   # refuse artifacts not signed by the release key')
+  lines.append(f'exec {shlex.quote(python)} -m modeld_msm.modeld "$@"')
+  return ("\n".join(lines) + "\n").encode()
+
+
+def _check_interpreter(python: str, src: Path) -> None:
+  """The launcher's interpreter must import this modeld and its pinned tinygrad from outside the openpilot tree."""
+  code = "import backend, modeld_msm.modeld; backend.check_tinygrad()"
+  env = {**os.environ, "PYTHONPATH": str(src)}
+  try:
+    r = subprocess.run([python, "-c", code], cwd="/", env=env, capture_output=True, text=True, timeout=120)
+  except OSError as e:
+    raise UserError(f"cannot run {python} ({e.strerror}); pass --python with the interpreter modeld-msm is installed in") from None
+  if r.returncode != 0:
+    last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+    raise UserError(f"{python} cannot import modeld_msm.modeld with its pinned tinygrad ({last}); "
+                    "install modeld-msm into it (`pip install -e .` in the checkout) or pass --python")
+
+
+def _write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.chmod(tmp, mode if mode is not None else 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def read_state(root: Path) -> dict[str, Any] | None:
+  d = root / INSTALL_REL
+  if not d.exists():
+    return None
+  try:
+    state = json.loads((d / STATE).read_text())
+  except FileNotFoundError:
+    raise UserError(f"{d} exists but was not written by `modeld-msm install` (no {STATE}); move it away and try again") from None
+  except ValueError as e:
+    raise UserError(f"{d / STATE} is unreadable ({e}); restore {PROCESS_CONFIG} with `git checkout`, remove {d}, then install again") from None
+  if state.get("format") != STATE_FORMAT:
+    raise UserError(f"{d / STATE} is of format {state.get('format')}, this modeld-msm writes {STATE_FORMAT}; uninstall with the "
+                    "modeld-msm that installed it")
+  return state
+
+
+def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str | None = None, allow_cpu: bool = False,
+            pubkey: str | os.PathLike | None = None, dry_run: bool = False, log=print) -> str:
+  """-> "installed", "updated" (another bundle or launcher, same table edit), "unchanged", or "dry run"."""
+  from compile.artifact import swap_in_dir
+  root, bundle = Path(openpilot).resolve(), Path(bundle).resolve()
+  check_openpilot(root)
+  b = verify_bundle(bundle, pubkey=pubkey, smoke=None)
+  if b.device != "QCOM" and not allow_cpu:
+    raise UserError(f"bundle {bundle} is for {b.device}; the car runs QCOM bundles (`modeld-msm release --device QCOM`); "
+                    "pass --allow-cpu to install a CPU bundle anyway (openpilot on a PC)")
+  state = read_state(root)
+  table = root / PROCESS_CONFIG
+  data = table.read_bytes()
+  entry = find_modeld(data, str(PROCESS_CONFIG))
+  if entry.ours and state is None:
+    raise UserError(f"{PROCESS_CONFIG} already runs {INSTALL_REL} but {INSTALL_REL}/{STATE} is gone; restore the table with "
+                    f"`git -C {root} checkout {PROCESS_CONFIG}` and install again")
+  if state is not None and not entry.ours:
+    raise UserError(f"{INSTALL_REL}/{STATE} says modeld-msm is installed, but {PROCESS_CONFIG} runs the stock modeld again "
+                    f"(replaced by an update or a checkout?); run `modeld-msm uninstall {root}`, then install again")
+  python = python or sys.executable
+  src = source_root()
+  new_table = data if entry.ours else edit_table(data, entry)
+  launcher = launcher_text(python, src, pubkey is not None)
+  pub_bytes = Path(pubkey).read_bytes() if pubkey is not None else None
+  digest = tree_digest(bundle)
+  d = root / INSTALL_REL
+  if state is not None:
+    same = (state["bundle"]["digest"] == digest and (d / LAUNCHER).read_bytes() == launcher
+            and ((d / PUBKEY).read_bytes() if (d / PUBKEY).exists() else None) == pub_bytes)
+    if same:
+      log(f"modeld-msm is already installed in {root} with this bundle ({b.device}, {', '.join(b.cameras)}); nothing to do")
+      return "unchanged"
+  what = "replace the installed bundle with" if state is not None else "copy"
+  size = tree_size(bundle)
+  if dry_run:
+    log(f"dry run, nothing changed. install would:\n  {what} {bundle} ({b.device}; {', '.join(b.cameras)}; {human_size(size)}) "
+        f"-> {d / BUNDLE_DIR}\n  write {d / LAUNCHER} (exec {python} -m modeld_msm.modeld), {STATE}, {ORIGINAL}")
+    diff = unified_diff(data, new_table, PROCESS_CONFIG)
+    log(diff if diff else f"  leave {PROCESS_CONFIG} as it is (it already runs {INSTALL_REL})")
+    return "dry run"
+  _check_interpreter(python, src)
+  created = [] if (root / "third_party").exists() else ["third_party"]
+  (root / "third_party").mkdir(exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=".modeld_msm.tmp-", dir=root / "third_party"))
+  try:
+    log(f"copying the bundle ({human_size(size)}) into {d / BUNDLE_DIR}")
+    shutil.copytree(bundle, tmp / BUNDLE_DIR)
+    verify_bundle(tmp / BUNDLE_DIR, device=b.device, pubkey=pubkey, smoke=None)
+    if tree_digest(tmp / BUNDLE_DIR) != digest:
+      raise UserError(f"the copy of {bundle} differs from it (was the bundle written to during the copy?); try again")
+    original = (d / ORIGINAL).read_bytes() if state is not None else data
+    (tmp / ORIGINAL).write_bytes(original)
+    (tmp / LAUNCHER).write_bytes(launcher)
+    os.chmod(tmp / LAUNCHER, 0o755)
+    if pub_bytes is not None:
+      (tmp / PUBKEY).write_bytes(pub_bytes)
+    new_state = {
+      "format": STATE_FORMAT, "installed_unix": int(time.time()), "openpilot": str(root),
+      "python": python, "source_root": str(src), "created_dirs": state["created_dirs"] if state else created,
+      "process_config": {"path": str(PROCESS_CONFIG), "original_sha256": sha256_bytes(original), "installed_sha256": sha256_bytes(new_table),
+                         "stock_entry": state["process_config"]["stock_entry"] if state else data[entry.start:entry.end].decode(),
+                         "entry": entry.replacement(),
+                         "line": entry.lineno},
+      "bundle": {"source": str(bundle), "device": b.device, "cameras": b.cameras, "digest": digest, "bytes": size,
+                 "bundle_json_sha256": sha256_bytes((bundle / BUNDLE_FILE).read_bytes())},
+      "pubkey": PUBKEY if pub_bytes is not None else None,
+    }
+    (tmp / STATE).write_text(json.dumps(new_state, indent=1))
+    swap_in_dir(tmp, d)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_created(root, created)
+    raise
+  if new_table != data:
+    try:
+      _write_atomic(table, new_table, table.stat().st_mode & 0o7777)
+    except BaseException:
+      shutil.rmtree(d, ignore_errors=True)
+      _remove_created(root, created)
+      raise
+    log(unified_diff(data, new_table, PROCESS_CONFIG))
+  result = "updated" if state is not None else "installed"
+  log(f"modeld-msm {result} in {root}: openpilot's manager runs {d / LAUNCHER} (python -m modeld_msm.modeld) as modeld, "
+      f"serving {d / BUNDLE_DIR} ({b.device}; {', '.join(b.cameras)})")
+  return result
+
+
+def uninstall(openpilot: str | os.PathLike, dry_run: bool = False, log=print) -> str:
+  """-> "removed", "not installed", or "dry run"."""
+  root = Path(openpilot).resolve()
+  check_openpilot(root)
+  state = read_state(root)
+  table = root / PROCESS_CONFIG
+  data = table.read_bytes()
+  if state is None:
+    if find_modeld(data, str(PROCESS_CONFIG)).ours:
+      raise UserError(f"{PROCESS_CONFIG} runs {INSTALL_REL} but there is no {INSTALL_REL}/{STATE} to undo it from; restore the table "
+                      f"with `git -C {root} checkout {PROCESS_CONFIG}`")
+    log(f"modeld-msm is not installed in {root}; nothing to do")
+    return "not installed"
+  d = root / INSTALL_REL
+  pc = state["process_config"]
+  original = (d / ORIGINAL).read_bytes()
+  if sha256_bytes(original) != pc["original_sha256"]:
+    raise UserError(f"{d / ORIGINAL} does not match the hash in {STATE} (modified?); restore {PROCESS_CONFIG} with git, then remove {d}")
+  restore = sha256_bytes(data) == pc["installed_sha256"]
+  if not restore and find_modeld(data, str(PROCESS_CONFIG)).ours:
+    raise UserError(f"{PROCESS_CONFIG} was edited after the install, so restoring the saved copy would lose that edit; undo the edit, "
+                    f"or put {d / ORIGINAL} back by hand, then run uninstall again")
+  if dry_run:
+    log(f"dry run, nothing changed. uninstall would:\n  remove {d} (bundle {state['bundle']['source']}, "
+        f"{human_size(state['bundle']['bytes'])})")
+    log(unified_diff(data, original, PROCESS_CONFIG) if restore else f"  leave {PROCESS_CONFIG} as it is (it no longer runs {INSTALL_REL})")
+    return "dry run"
+  if restore:
+    _write_atomic(table, original, table.stat().st_mode & 0o7777)
+    log(unified_diff(data, original, PROCESS_CONFIG))
+  else:
+    log(f"{PROCESS_CONFIG} no longer runs {INSTALL_REL} (restored by hand or replaced by an update); leaving it as it is")
+  gone = d.parent / f".modeld_msm.removing-{os.getpid()}"
+  os.replace(d, gone)   # one rename: the install is gone at once, the files follow
+  shutil.rmtree(gone)
+  _remove_created(root, state.get("created_dirs", []))
+  log(f"modeld-msm removed from {root}: openpilot's manager runs its stock modeld again")
+  return "removed"
+
+
+def _remove_created(root: Path, created: list[str]) -> None:
+  for rel in created:
+    try:
+      (root / rel).rmdir()   # only if empty: something else may have moved in since
+    except OSError:
+      pass
