@@ -258,3 +258,19 @@ def test_uninstall_refuses_a_table_edited_since(op, bundle):
     uninstall(op, log=quiet)
   assert (op / INSTALL_REL / "install.json").exists()
 
+
+
+def test_pubkey_is_checked_now_and_installed_for_every_start(op, bundle, tmp_path):
+  from compile.artifact import sign_tree
+  from compile.signing import generate_keypair
+  priv, pub = generate_keypair(tmp_path / "keys")
+  with pytest.raises(UserError, match="signature|signed"):
+    install(op, bundle, pubkey=pub, log=quiet)   # not signed yet
+  assert not (op / "third_party").exists()
+  sign_tree(bundle, priv)
+  assert install(op, bundle, pubkey=pub, log=quiet) == "installed"
+  d = op / INSTALL_REL
+  assert (d / "modeld-msm.pub").read_bytes() == pub.read_bytes()
+  assert 'export MODELD_PUBKEY="$here/modeld-msm.pub"' in (d / "modeld").read_text()
+  assert install(op, bundle, log=quiet) == "updated"   # the same bundle without the key requirement: the launcher changes
+  assert "MODELD_PUBKEY" not in (d / "modeld").read_text() and not (d / "modeld-msm.pub").exists()
