@@ -4,7 +4,7 @@ One file per endpoint, /dev/shm/msgq_<name> (or /dev/shm/msgq_<OPENPILOT_PREFIX>
 little-endian u64 words, then a ring of [int64 length][payload, padded to 8]. A length of -1 means "wrap to 0".
 Pointers pack (cycle << 32) | offset. One writer owns the queue (write_uid); up to 15 readers own a slot each.
 Writers wake readers with tkill(tid, SIGUSR2); readers here sleep in sigtimedwait with SIGUSR2 blocked just for the
-wait, and the process gets a no-op SIGUSR2 handler at import, so the signal is a wake-up, never a death.
+wait, and the process gets a no-op SIGUSR2 handler at import and SIG_IGN at exit, so the signal is a wake-up, never a death.
 
 Two things C++ has that Python lacks, and how they are covered:
 - compare-and-swap for the reader count: Python registrants serialise on flock(); a C++ reader registering in the
@@ -13,6 +13,7 @@ Two things C++ has that Python lacks, and how they are covered:
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import errno
@@ -103,7 +104,16 @@ def prepare_signals() -> None:
     signal.signal(signal.SIGUSR2, _noop_handler)
 
 
+def _ignore_at_exit() -> None:
+  """Python puts every signal it caught back to SIG_DFL while it finalizes, after the atexit hooks: a publisher that still
+  lists this process as a reader would then kill it with its next tkill (exit status 140, or -12 to a parent), so a clean
+  stop would look like a crash. SIG_IGN is the one disposition finalization leaves alone, and nothing is exec'd after this."""
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
 prepare_signals()
+atexit.register(_ignore_at_exit)
 
 
 def _new_uid() -> int:

@@ -362,6 +362,7 @@ class _Checker:
 
 def test_every_field_against_its_raw_output_slice():
   vision, policy = raw_outputs(11)
+  vision[0:55] = -8 + 0.05 * np.arange(55)   # every meta probability distinct (and all small: no FCW, confidence green)
   v, p = vision.astype(np.float64), policy.astype(np.float64)
   out = parsed(vision, policy)
   mv2_b, dmd_b = fill(out, frame_id=40, road_frame_id=42, drop=0.05, action=Action(0.003, -1.5, True))

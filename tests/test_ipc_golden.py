@@ -139,6 +139,7 @@ W, H, STRIDE, UV_OFF, SIZE = 64, 32, 128, 4096, 8192   # a small NV12 geometry: 
 def test_server_reply_and_packet_are_the_documented_bytes(prefix):
   srv = VisionIpcServer("golden")
   srv.create_buffers_with_sizes(2, 3, W, H, SIZE, STRIDE, UV_OFF)   # stream type 2 = WIDE_ROAD
+  srv.create_buffers_with_sizes(0x8000_0001, 1, W, H, SIZE, STRIDE, UV_OFF)   # the newest msgq's ids are opaque uint32s
   srv.start_listener()
   sub = msgq.SubSocket("visionipc_golden_2", 1 << 20)   # §4.2: endpoint visionipc_<name>_<type>, the default 1 MiB segment
   fds: list[int] = []
@@ -157,6 +158,12 @@ def test_server_reply_and_packet_are_the_documented_bytes(prefix):
       assert (u64(d, 40), u64(d, 48), u64(d, 56), u64(d, 64)) == (W, H, STRIDE, UV_OFF)
       assert (u64(d, 88), u64(d, 96), struct.unpack_from("<I", d, 104)[0]) == (srv.server_id, i, 2)   # server_id, idx, type
       assert os.fstat(fds[i]).st_size >= SIZE + 8
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+      s.connect(f"/tmp/{prefix}_visionipc_golden")
+      s.send(struct.pack("<I", 0x8000_0001))
+      msg, anc, _, _ = s.recvmsg(112 * 128, socket.CMSG_SPACE(128 * 4))
+    fds.extend(fd for level, kind, data in anc if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS) for fd in array.array("i", data))
+    assert len(msg) == 112 and struct.unpack_from("<I", msg, 104)[0] == 0x8000_0001   # type is a u32
     frame = bytes(range(256)) * (SIZE // 256)
     srv.send(2, frame, frame_id=0x1_2345_6789, timestamp_sof=111_000_000_001, timestamp_eof=111_000_000_999)
     pkt = sub.receive(non_blocking=True)
@@ -225,6 +232,7 @@ class RawServer:
     struct.pack_into("<I", p, 16, frame_id & 0xffffffff)
     struct.pack_into("<QQ", p, 24, sof, eof)
     p[40] = int(valid)
+    p[20:24], p[41:48] = b"\xa5" * 4, b"\x5a" * 7   # C++ leaves padding unset: a reader must not take it for data
     self.pub.send(bytes(p))
 
   def close(self) -> None:
