@@ -39,4 +39,10 @@ def install() -> None:
   _installed = True
 
 
-__all__ = ["TINYGRAD_VERSION", "check_tinygrad", "install"]
+def set_kernel_costs(costs: dict[str, float]) -> None:
+  """Estimated a630 microseconds per kernel name, so bound graphs are cut into submits by time (backend/chunking.py)."""
+  from backend import chunking
+  chunking.set_kernel_costs(costs)
+
+
+__all__ = ["TINYGRAD_VERSION", "check_tinygrad", "install", "set_kernel_costs"]

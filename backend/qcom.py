@@ -24,6 +24,7 @@ from tinygrad.runtime import ops_qcom as up
 from tinygrad.runtime.support.hcq import HCQBuffer, HCQCompiled, MMIOInterface
 from tinygrad.uop.ops import UOp
 
+from backend import chunking
 from backend.msm import EMUIface, GemBuffer, Job, KGSLIface, MSMFault, MSMIface, MSMTimeout
 
 _IFACE: contextvars.ContextVar[MSMIface] = contextvars.ContextVar("msm_iface")
@@ -84,6 +85,7 @@ class MSMComputeQueue(up.QCOMComputeQueue):
     self._refs: list[tuple[int, GemBuffer | int]] = []   # (dword position, GemBuffer or index of a symbolic address)
     self._sigs: list[tuple[int, int | UOp, int | UOp]] = []
     self._exec_ends: list[int] = []
+    self._exec_names: list[str] = []
     self._chunks: list[_Chunk] = []
     self._last_job: Job | None = None
     self._var_vals: dict[str, int] = {}
@@ -111,6 +113,7 @@ class MSMComputeQueue(up.QCOMComputeQueue):
     with _cpu_pointers(self.iface):
       _EXEC(self, prg, args_state, global_size, local_size)
     self._exec_ends.append(len(self._q))
+    self._exec_names.append(prg.name)
     return self
 
   # *** BO tables ***
@@ -122,8 +125,9 @@ class MSMComputeQueue(up.QCOMComputeQueue):
     self._var_vals = var_vals or {}
     return super().submit(dev, var_vals)
 
-  def _plan(self, dev, n: int, chunk_kernels: int) -> list[_Chunk]:
-    cuts = [0] + ([e for e in self._exec_ends[chunk_kernels - 1::chunk_kernels] if e < n] if chunk_kernels else []) + [n]
+  def _plan(self, dev, n: int, chunk_kernels: int | None) -> list[_Chunk]:
+    """chunk_kernels None: one submit for the whole stream."""
+    cuts = [0, n] if chunk_kernels is None else chunking.cuts(self._exec_ends, self._exec_names, n, chunk_kernels)
     chunks = []
     for a, b in zip(cuts, cuts[1:]):
       gems: dict[int, GemBuffer] = {dev.dummy_gem.handle: dev.dummy_gem}   # the flush event's target, in every chunk
@@ -173,7 +177,7 @@ class MSMComputeQueue(up.QCOMComputeQueue):
     n = len(self._q)
     off = dev.cmd_ring.alloc(n * 4)
     dev.cmd_buf.cpu_view().view(off, n * 4, fmt="I").mv[:] = array.array("I", self._q)
-    job = self._job(iface, dev.cmd_gem, ch := self._plan(dev, n, 0)[0])
+    job = self._job(iface, dev.cmd_gem, ch := self._plan(dev, n, None)[0])
     job.offset, job.gems = off, ch.gems + job.gems   # not pinned by anyone: the job's fence is what keeps them open
     dev.cmd_ring.used.append((off, off + n * 4, job))
     iface.enqueue(job)

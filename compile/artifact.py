@@ -180,6 +180,7 @@ def activate_target(art: VerifiedArtifact) -> None:
   if art.device == "QCOM":
     import backend
     backend.install()
+    backend.set_kernel_costs(art.meta.get("kernel_us") or {})   # before any graph binds: they are cut into submits by it
   DEV.value = target
   from tinygrad import Device
   try:

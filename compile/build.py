@@ -230,10 +230,11 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     prog.reset_queues()
     policy_pkl, warp_pkl = pickle.dumps(policy_jit), pickle.dumps(warp_jit)
   # outside the capture flags, like the runtime's load
+  kernel_us: dict[str, float] = {}
   if device != "QCOM":
     _check_reload(policy_pkl, warp_pkl, steps, host_np, host_t, ref, report)
   else:
-    _check_replay(policy_pkl, warp_pkl, steps, host_np, host_t, dev_name, report, ref)
+    kernel_us = _check_replay(policy_pkl, warp_pkl, steps, host_np, host_t, dev_name, report, ref)
   report.timings["pickle check"] = time.perf_counter() - t
 
   versions = art_mod.installed_versions()
@@ -253,6 +254,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
                         "output_slices": {k: [s.start, s.stop] for k, s in i.output_slices.items()}, "metadata": i.metadata}
                for i in (vinfo, pinfo)},
     "flags": dict(flags),
+    # estimated a630 time per kernel from its executed work: bound graphs are cut into submits by it (backend/chunking.py)
+    "kernel_us": kernel_us,
     "precision": {"compute": compute, "why": why, "cpu": precision_mod.cpu_info().summary() if device.startswith("CPU") else None},
     "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, "step_plan": STEP_PLAN},
   }
@@ -280,20 +283,28 @@ def _check_reload(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
 
 
 def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, host_t, dev_name: str, report: CompileReport,
-                  ref: list[dict[str, np.ndarray]]) -> None:
+                  ref: list[dict[str, np.ndarray]]) -> dict[str, float]:
   """QCOM: the pickles, loaded back and executed on the emulated a630, replay through the MSM submit path with every
-  submit passing the node's (strict) BO validation, no GPU fault, and the unjitted program's outputs."""
+  submit passing the node's (strict) BO validation, no GPU fault, and the unjitted program's outputs.
+  -> each kernel's estimated a630 time (us) from the work it executed."""
+  import collections
+
   from tinygrad import Device
 
   from backend.msm import MSMFault, MSMTimeout
+  from backend.timeline import executed_us
   dev, node = Device[dev_name], _emu_node(dev_name)   # compile_artifact checked that it is the emulated node
   subs0, disp0, faults0 = node.stats.submits, node.stats.dispatches, len(node.stats.faults)
+  kept, node.counts = node.counts, collections.deque()   # every dispatch of the replay, not only the node's recent history
   try:
     policy, warp = unpickle_programs(policy_pkl, warp_pkl, names=(art_mod.POLICY_PKL, art_mod.WARP_PKL))
     got = _run_sequence(policy, warp, steps, host_np, host_t, {})
     dev.synchronize()
   except (MSMFault, MSMTimeout, OSError) as e:
     raise UserError(f"internal error: the reloaded QCOM program does not replay on the emulated render node: {e}; please report it") from None
+  finally:
+    executed, node.counts = node.counts, kept
+  kernel_us = {name: round(executed_us(c.alu, c.sfu, c.tex, c.mem_load + c.mem_store), 2) for name, c in executed if name}
   subs, disp, faults = node.stats.submits - subs0, node.stats.dispatches - disp0, node.stats.faults[faults0:]
   if faults:
     raise UserError(f"internal error: the reloaded QCOM program faulted on the emulated render node: {faults[0]}; please report it")
@@ -303,6 +314,9 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
   report.checks.append(("pickle replay (EMU)", "ok", f"reloaded JITs replayed {len(STEP_PLAN)} steps: {subs} submits, {disp} dispatches, "
                         f"{'strict' if node.strict else 'NON-strict'} BO validation, 0 faults (outputs bit-exact with the unjitted "
                         "program, executed (level B))"))
+  report.checks.append(("a630 time estimate", "ok", f"{len(kernel_us)} kernels, {sum(kernel_us.values()) / 1e3:.2f} ms per pass over each "
+                        "(from executed work; chunks submits by time)"))
+  return kernel_us
 
 
 def _check_out_dir(out_dir: Path) -> None:
