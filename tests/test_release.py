@@ -20,7 +20,11 @@ def test_bundle_both_cameras(tiny_models, tmp_path):
     art = resolve_artifact(out, size)
     assert art == out / cam
     assert verify_artifact(art, device="CPU", camera=size).camera == size
+    assert bundle["artifacts"][cam]["smoke"]["outputs"] == 90 and bundle["artifacts"][cam]["provenance"]["camera"] == cam
   assert not [p for p in tmp_path.iterdir() if p.name.startswith(".artifacts")]   # no temp dirs left
+  assert ["camera", "target", "seconds", "size", "checks"] in [ln.split() for ln in r.stdout.splitlines()]   # the summary table
+  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "smoke", "--bundle", out], capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0 and "verdict: PASS: 2 of 2 camera size(s)" in r.stdout, r.stdout + r.stderr
 
 
 def test_bad_model_leaves_no_bundle(tmp_path):
