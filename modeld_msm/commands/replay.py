@@ -15,8 +15,16 @@ def add_arguments(p) -> None:
   p.add_argument("--models", choices=("tiny", "full"), default="tiny", help="reference models used when no artifact is given (default tiny)")
   p.add_argument("-o", "--output", required=True, metavar="OUT",
                  help="output log file (one segment, .zst/.bz2) or directory (<segment>.zst per segment)")
-  p.add_argument("-j", "--jobs", type=int, default=1,
-                 help="worker processes (default 1); each loads the artifact once and replays segments (--mode route: routes) in turn")
+  p.add_argument("-j", "--jobs", type=int, default=None,
+                 help="workers (default: 1 for --engine local, one per CPU of the cluster for --engine ray); each loads the artifact once "
+                      "and replays segments (--mode route: routes) in turn")
+  p.add_argument("--engine", choices=("local", "ray"), default="local",
+                 help="local = worker processes on this machine (default); ray = Ray actors (a private local cluster, or the one at "
+                      "--address), at most 2 tasks in flight per worker, a worker that dies restarted and its tasks run again, and "
+                      "segments whose output is already finished for the same inputs, artifact and options skipped "
+                      "(see docs/replay-at-scale.md)")
+  p.add_argument("--address", metavar="ADDR", help="--engine ray: the cluster to join, e.g. 10.0.0.5:6379 (default: $RAY_ADDRESS, else "
+                                                   "start a private one on this machine)")
   p.add_argument("--mode", choices=("segment", "warmup", "route"), default="segment",
                  help="model state at each segment's start: segment = fresh, like process_replay (default); warmup = first replay "
                       "the last --warmup-steps frames of the previous segment of the route, outputs thrown away (segments stay "
@@ -31,8 +39,10 @@ def run(args) -> int:
   from modeld_msm.errors import UserError
   from modeld_msm.replay import replay_many
   from selfdrive_glue.route import expand_segments
-  if args.jobs < 1:
+  if args.jobs is not None and args.jobs < 1:
     raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+  if args.address and args.engine != "ray":
+    raise UserError("--address is the Ray cluster to use; add --engine ray (or drop --address)")
   segments = expand_segments(args.segments)
   if args.artifact is None:
     args.artifact = _default_artifact(segments, args.models)
@@ -40,8 +50,16 @@ def run(args) -> int:
     raise UserError("--artifact is empty; pass an artifact directory (modeld-msm compile --device CPU -o DIR)")
   if args.warmup_steps < 0:
     raise UserError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-  results = replay_many(segments, args.artifact, args.output, jobs=args.jobs, progress=not args.quiet, mode=args.mode,
-                        warmup_steps=args.warmup_steps)
+  done_before = restarts = 0
+  if args.engine == "ray":
+    from modeld_msm.replay_ray import replay_ray
+    run_ = replay_ray(segments, args.artifact, args.output, jobs=args.jobs, address=args.address, progress=not args.quiet, mode=args.mode,
+                      warmup_steps=args.warmup_steps)
+    results, done_before, restarts = run_.results, run_.done_before, run_.restarts
+  else:
+    results = replay_many(segments, args.artifact, args.output, jobs=args.jobs or 1, progress=not args.quiet, mode=args.mode,
+                          warmup_steps=args.warmup_steps)
+    _record(segments, results, args)
   failed = 0
   for r in results:
     if r.error:
@@ -54,11 +72,32 @@ def run(args) -> int:
             "by order; an offset between log and video would go unnoticed", file=sys.stderr)
     if r.damage:
       print(f"modeld-msm replay: warning: {r.segment}: log damaged, replayed the readable prefix: {r.damage}", file=sys.stderr)
+  if done_before:
+    print(f"modeld-msm replay: {done_before} of {len(results)} segments were already done (same inputs, artifact, code and options), "
+          "not replayed again", file=sys.stderr)
+  if restarts:
+    print(f"modeld-msm replay: {restarts} Ray worker(s) died and were restarted; their tasks ran again", file=sys.stderr)
   if failed:
     if len(results) > 1:
       print(f"modeld-msm replay: {failed} of {len(results)} segments failed", file=sys.stderr)
     return 2
   return 0
+
+
+def _record(segments, results, args) -> None:
+  """Sidecars for the local engine's outputs too, so `regress --report` finds their segments and `--engine ray` treats them as done."""
+  from modeld_msm import replay_store as store
+  from modeld_msm.errors import UserError
+  from modeld_msm.replay import plan_tasks
+  by_out = {r.out: r for r in results}
+  for task in plan_tasks(segments, [r.out for r in results], args.mode):
+    try:
+      keys = store.task_keys(task, args.artifact, args.mode, args.warmup_steps)
+    except (UserError, OSError):
+      continue  # the segment failed to replay too; its error is printed below
+    for (seg, out, _), key in zip(task, keys):
+      if by_out[out].error is None:
+        store.write_meta(out, key, seg, by_out[out], args.mode, args.artifact)
 
 
 def _default_artifact(segments, size: str):
