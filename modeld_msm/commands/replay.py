@@ -59,7 +59,6 @@ def run(args) -> int:
   else:
     results = replay_many(segments, args.artifact, args.output, jobs=args.jobs or 1, progress=not args.quiet, mode=args.mode,
                           warmup_steps=args.warmup_steps)
-    _record(segments, results, args)
   failed = 0
   for r in results:
     if r.error:
@@ -82,22 +81,6 @@ def run(args) -> int:
       print(f"modeld-msm replay: {failed} of {len(results)} segments failed", file=sys.stderr)
     return 2
   return 0
-
-
-def _record(segments, results, args) -> None:
-  """Sidecars for the local engine's outputs too, so `regress --report` finds their segments and `--engine ray` treats them as done."""
-  from modeld_msm import replay_store as store
-  from modeld_msm.errors import UserError
-  from modeld_msm.replay import plan_tasks
-  by_out = {r.out: r for r in results}
-  for task in plan_tasks(segments, [r.out for r in results], args.mode):
-    try:
-      keys = store.task_keys(task, args.artifact, args.mode, args.warmup_steps)
-    except (UserError, OSError):
-      continue  # the segment failed to replay too; its error is printed below
-    for (seg, out, _), key in zip(task, keys):
-      if by_out[out].error is None:
-        store.write_meta(out, key, seg, by_out[out], args.mode, args.artifact)
 
 
 def _default_artifact(segments, size: str):
