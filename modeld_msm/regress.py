@@ -253,14 +253,17 @@ def _series(msgs: list[tuple[str, dict]], path: str, idx: int) -> tuple[np.ndarr
   return np.asarray(t), np.asarray(v)
 
 
-def write_report(report_dir: str | os.PathLike, results: list[CompareResult], messages: dict, tolerance: float, ignore) -> list[Path]:
-  """report.txt, report.json and one PNG per compared log (plan, lane lines, lead of both runs over time)."""
+def write_report(report_dir: str | os.PathLike, results: list[CompareResult], messages: dict, tolerance: float, ignore, abs_tolerance: float = 0.0,
+                 new: str | os.PathLike = "", ref: str | os.PathLike = "", gate: str | None = None, segments=()) -> list[Path]:
+  """report.txt, report.json, one PNG per compared log (plan, lane lines, lead of both runs over time) and report.html
+  (modeld_msm.report: pass/fail per field, difference distributions, the worst frames drawn on the camera image)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   out = Path(report_dir)
   out.mkdir(parents=True, exist_ok=True)
   written = []
+  series_pngs: dict[str, Path] = {}
   txt = summary_lines(results, 30)
   verdict = "REGRESSION" if any(r.regression for r in results) else "PASS"
   _atomic_write(out / "report.txt", "\n".join([f"{verdict} (tolerance {tolerance}, ignoring {', '.join(ignore)})", *txt]) + "\n")
@@ -289,10 +292,17 @@ def write_report(report_dir: str | os.PathLike, results: list[CompareResult], me
     plt.close(fig)
     os.replace(tmp, png)
     written.append(png)
+    series_pngs[name] = png
+  from modeld_msm.report import write_html
+  written += write_html(out, Path(new), Path(ref), results, messages, tolerance, abs_tolerance, tuple(ignore), gate, list(segments), series_pngs)
   return written
 
 
 def _atomic_write(path: Path, text: str) -> None:
   tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(text)
-  os.replace(tmp, path)
+  try:
+    tmp.write_text(text)
+    os.replace(tmp, path)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
