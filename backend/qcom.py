@@ -120,7 +120,7 @@ class MSMComputeQueue(up.QCOMComputeQueue):
 
   def submit(self, dev, var_vals: dict[str, int] | None = None):
     # patching a bound queue rewrites its commands and kernargs in place: never under a job that may still read them
-    if self._last_job is not None and not (self._last_job.fence and self._last_job.fence <= self.iface.retired):
+    if self._last_job is not None and not (self._last_job.fence and self.iface.is_retired(self._last_job.fence)):
       self.iface.wait_job(self._last_job)
     self._var_vals = var_vals or {}
     return super().submit(dev, var_vals)
@@ -207,7 +207,7 @@ class CmdRing:
     if self.head + n > self.size:
       self.head = 0
     start, end = self.head, self.head + n
-    while self.used and self.used[0][2].fence and self.used[0][2].fence <= self.iface.retired:
+    while self.used and self.used[0][2].fence and self.iface.is_retired(self.used[0][2].fence):
       self.used.popleft()
     last = max((i for i, (s, e, _) in enumerate(self.used) if s < end and start < e), default=None)
     if last is not None:

@@ -42,6 +42,10 @@ TARGETS = {
   "CPU": ("CPU", "CPU"),
   "CPU:LLVM": ("CPU:LLVM", "CPU:LLVM"),
   "QCOM": ("EMU+QCOM:IR3", "QCOM:IR3"),
+  # workstation and cluster GPUs, for replay and development (tinygrad's own runtimes; captured and loaded on the GPU itself)
+  "CUDA": ("CUDA", "CUDA"),
+  "NV": ("NV", "NV"),
+  "AMD": ("AMD", "AMD"),
 }
 # tinygrad flags the capture runs under, per device (openpilot's release build, docs contract §12): fp16 image convolutions,
 # no local memory, and the whole step as one graph (JIT_BATCH_SIZE=0 lifts the batch limit)

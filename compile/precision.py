@@ -1,4 +1,5 @@
-"""Compute precision per target: the car computes in fp16 like the models; a CPU computes in fp32 unless it has native fp16.
+"""Compute precision per target: the car computes in fp16 like the models; a CPU computes in fp32 unless it has native fp16;
+a workstation GPU computes in fp16 (native) unless fp32 is asked for.
 
 openpilot's models are fp16 inside. On a CPU without fp16 arithmetic (x86 before AVX512-FP16, Arm without FEAT_FP16) the
 clang tinygrad drives turns each fp16 op into convert-compute-convert, scalar: 3-4x slower than the same graph in fp32,
@@ -60,10 +61,13 @@ def choose(device: str, requested: str, cpu: CpuInfo | None = None) -> tuple[str
   """-> (precision, why) for a compile of `device`."""
   if requested not in PRECISIONS:
     raise UserError(f"unknown precision {requested!r}: use one of {', '.join(PRECISIONS)}")
-  if device.split(":")[0] != "CPU":
+  if device.split(":")[0] == "QCOM":
     if requested == "fp32":
-      raise UserError(f"--precision fp32 is for CPU artifacts; {device} computes the models in fp16 like the car (use auto or fp16)")
+      raise UserError(f"--precision fp32 is for CPU and workstation GPU artifacts; {device} computes the models in fp16 like the car "
+                      "(use auto or fp16)")
     return "fp16", f"{device} computes in the models' own fp16"
+  if device.split(":")[0] != "CPU":
+    return ("fp32", "requested") if requested == "fp32" else ("fp16", f"{device} computes fp16 natively")
   cpu = cpu or cpu_info()
   if requested != "auto":
     return requested, f"requested (this CPU has {'native' if cpu.native_fp16 else 'no native'} fp16)"

@@ -37,7 +37,8 @@ def test_choice_per_target():
   assert choose("CPU:LLVM", "auto", no16)[0] == "fp32"
   assert choose("CPU", "fp16", no16)[0] == "fp16"  # asked for: honoured
   assert choose("QCOM", "auto", no16)[0] == "fp16"  # the car computes like the models
-  with pytest.raises(UserError, match="fp32 is for CPU artifacts"):
+  assert choose("CUDA", "auto", no16)[0] == "fp16" and choose("NV", "fp32", no16)[0] == "fp32"  # workstation GPUs: either
+  with pytest.raises(UserError, match="fp32 is for CPU and workstation GPU artifacts"):
     choose("QCOM", "fp32", no16)
   with pytest.raises(UserError, match="unknown precision"):
     choose("CPU", "bf16", no16)
@@ -102,4 +103,4 @@ def test_artifact_records_the_choice_for_this_cpu(cpu_artifact_1928, cli):
 def test_qcom_fp32_refused_before_compiling(tiny_models, tmp_path, cli):
   r = cli("compile", "--vision", tiny_models / "driving_vision.onnx", "--policy", tiny_models / "driving_policy.onnx",
           "--device", "QCOM", "--precision", "fp32", "-o", tmp_path / "a", timeout=60)
-  assert r.returncode == 2 and "fp32 is for CPU artifacts" in r.stderr and not (tmp_path / "a").exists()
+  assert r.returncode == 2 and "fp32 is for CPU and workstation GPU artifacts" in r.stderr and not (tmp_path / "a").exists()
