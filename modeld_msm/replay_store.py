@@ -20,20 +20,13 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from compile.onnx_model import sha256_file
 from modeld_msm.errors import UserError
 from selfdrive_glue.route import ROAD_CAMERA, WIDE_CAMERA, Segment
 
 KEY_VERSION = 1
 # modules of modeld_msm that cannot change an output's bytes (tooling around replay): editing them keeps finished outputs
 _NOT_OUTPUT_CODE = {"cli.py", "demo.py", "demo_camera.py", "modeld.py", "regress.py", "report.py", "replay_ray.py", "replay_store.py"}
-
-
-def file_digest(path: Path) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(1 << 20):
-      h.update(chunk)
-  return h.hexdigest()
 
 
 _SEGMENT_DIGESTS: dict[tuple[str, int, int], str] = {}  # (file, size, mtime_ns) -> digest: a warm-up hashes its previous segment again
@@ -43,7 +36,7 @@ def _cached_digest(path: Path) -> str:
   st = path.stat()
   k = (str(path.resolve()), st.st_size, st.st_mtime_ns)
   if k not in _SEGMENT_DIGESTS:
-    _SEGMENT_DIGESTS[k] = file_digest(path)
+    _SEGMENT_DIGESTS[k] = sha256_file(path)
   return _SEGMENT_DIGESTS[k]
 
 
@@ -69,7 +62,7 @@ def artifact_digest(artifact: str) -> str:
     raise UserError(f"artifact {p} has no manifest.json; pass an artifact directory (modeld-msm compile -o DIR) or a release bundle")
   h = hashlib.sha256()
   for m in manifests:
-    h.update(f"{m.relative_to(p).as_posix()}={file_digest(m)}\n".encode())
+    h.update(f"{m.relative_to(p).as_posix()}={sha256_file(m)}\n".encode())
   return h.hexdigest()
 
 
@@ -82,7 +75,7 @@ def code_digest() -> str:
   files += sorted(p for p in (root / "selfdrive_glue").rglob("*") if p.suffix in (".py", ".capnp"))
   h = hashlib.sha256()
   for p in files:
-    h.update(f"{p.relative_to(root).as_posix()}={file_digest(p)}\n".encode())
+    h.update(f"{p.relative_to(root).as_posix()}={sha256_file(p)}\n".encode())
   return h.hexdigest()
 
 
@@ -129,7 +122,7 @@ def atomic_write(path: Path, data: bytes) -> None:
 def write_meta(out: Path, key: str, seg: Segment, result, mode: str, artifact: str | os.PathLike) -> None:
   res = asdict(result)
   res["out"] = str(result.out)
-  doc = {"key": key, "output_sha256": file_digest(out), "segment": str(Path(seg.path).resolve()), "mode": mode,
+  doc = {"key": key, "output_sha256": sha256_file(out), "segment": str(Path(seg.path).resolve()), "mode": mode,
          "artifact": str(Path(artifact).resolve()), "result": res}
   atomic_write(meta_path(out), json.dumps(doc, indent=1).encode())
 
@@ -149,7 +142,7 @@ def done_result(out: Path, key: str):
   if doc is None or doc.get("key") != key or not out.is_file():
     return None
   try:
-    if file_digest(out) != doc.get("output_sha256"):
+    if sha256_file(out) != doc.get("output_sha256"):
       return None
     known = {f.name for f in fields(ReplayResult)}
     res = ReplayResult(**{k: v for k, v in doc["result"].items() if k in known})

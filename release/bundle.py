@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compile.onnx_model import sha256_file
 from modeld_msm.errors import UserError
 
 BUNDLE_FILE = "bundle.json"
@@ -41,14 +42,6 @@ class Bundle:
 
 def sha256_bytes(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
-
-
-def sha256_path(path: Path) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(1 << 20):
-      h.update(chunk)
-  return h.hexdigest()
 
 
 def read_index(path: str | os.PathLike) -> dict[str, Any]:
@@ -96,7 +89,7 @@ def check_smoke_files(b: Bundle, camera: str) -> dict[str, str]:
     f = d / name
     if not f.is_file():
       raise UserError(f"bundle {b.path}: smoke file {SMOKE_DIR}/{camera}/{name} is missing; {RELEASE_HINT}")
-    if sha256_path(f) != digest:
+    if sha256_file(f) != digest:
       raise UserError(f"bundle {b.path}: smoke file {SMOKE_DIR}/{camera}/{name} does not match the hash in {BUNDLE_FILE} "
                       f"(modified or corrupt); {RELEASE_HINT}")
   return dict(listed)
@@ -110,7 +103,7 @@ def tree_digest(path: Path) -> str:
   """sha256 over every file's relative path and content: equal digests mean byte-identical trees."""
   h = hashlib.sha256()
   for p in tree_files(path):
-    h.update(f"{p.relative_to(path).as_posix()}\0{sha256_path(p)}\n".encode())
+    h.update(f"{p.relative_to(path).as_posix()}\0{sha256_file(p)}\n".encode())
   return h.hexdigest()
 
 

@@ -503,3 +503,37 @@ def test_process_with_a_lost_fence_exits_and_says_so():
   """, MSM_WAIT_TIMEOUT_MS="1000", MSM_WAIT_SLICE_MS="5")
   assert "queued" in r.stdout, r.stderr
   assert "abandoned" in r.stderr and "not retired" in r.stderr, r.stderr[-3000:]
+
+
+def test_local_size_model_ranks_full_waves_in_few_groups():
+  from backend.qcom import modelled_launch_s
+  # 4096 fibers: 64-wide groups (64 groups of one wave) beat 48-wide (86 groups, partial waves) and 16-wide (256 groups)
+  assert modelled_launch_s((64, 1, 1), (64, 1, 1)) < modelled_launch_s((128, 1, 1), (32, 1, 1)) < modelled_launch_s((256, 1, 1), (16, 1, 1))
+  assert modelled_launch_s((40, 1, 1), (96, 1, 1)) > modelled_launch_s((60, 1, 1), (64, 1, 1))   # 96 = 1.5 waves: half a wave idle
+  assert modelled_launch_s((16, 1, 1), (256, 1, 1)) < modelled_launch_s((4, 1, 1), (1024, 1, 1))   # oversized groups cost occupancy
+
+
+@emu_only
+def test_local_size_search_is_answered_by_the_model_not_executed():
+  """tinygrad times each new kernel's candidate local sizes; on the emulated node none of those probes reaches the GPU, and
+  the choice is the model's (the same in every capture), so a new kernel costs one dispatch."""
+  code = """
+    import backend; backend.install()
+    import numpy as np
+    from tinygrad import Tensor, Device
+    a = Tensor(np.random.default_rng(0).random((96, 200), dtype=np.float32)).realize()
+    dev = Device['QCOM']
+    dev.synchronize()
+    d0 = dev.iface.node.stats.dispatches
+    r = (a * 3 + 1).sum(axis=1).realize()
+    dev.synchronize()
+    assert np.allclose(r.numpy(), (a.numpy() * 3 + 1).sum(axis=1), rtol=1e-5)
+    from tinygrad.engine.realize import local_size_cache
+    print(dev.iface.node.stats.dispatches - d0, sorted(local_size_cache.values()))
+  """
+  # NOLOCALS leaves local sizes to the search, as under openpilot's QCOM flags
+  runs = [run_script(code, NOLOCALS="1", EMU_EXEC="1") for _ in range(2)]
+  assert all(r.returncode == 0 for r in runs), runs[0].stderr
+  outs = [r.stdout.strip().splitlines()[-1] for r in runs]
+  assert outs[0] == outs[1], outs                      # deterministic across processes
+  assert outs[0].split(" ", 1)[0] == "1" and "(" in outs[0], outs[0]   # searched, yet one real dispatch: no probes

@@ -189,3 +189,28 @@ def test_modeld_process_publishes_the_a630_numbers(qcom_artifact, cpu_artifact_1
     assert ref.shape == got.shape and np.isfinite(got).all()
     ex, i = _excess(ref.reshape(-1), got.reshape(-1))
     assert ex <= 0, f"modelV2 {f}[{i}]: emulated a630 {got.reshape(-1)[i]} vs CPU {ref.reshape(-1)[i]}"
+
+
+@pytest.mark.slow
+def test_full_size_program_on_the_emulated_a630_matches_the_cpu(tmp_path_factory, cli, monkeypatch):
+  """The full reference models (openpilot 0.11.1's compute budget), compiled for QCOM under openpilot's flags with the compile
+  step's own numerics checks executed on the emulated a630, run through ModelState and match their CPU artifact."""
+  from compile.refmodels import write_models
+  d = tmp_path_factory.mktemp("full")
+  write_models(d / "models", "full", 0)
+  arts = {}
+  for dev in ("CPU", "QCOM"):
+    arts[dev] = d / dev
+    r = cli("compile", "--vision", d / "models" / "driving_vision.onnx", "--policy", d / "models" / "driving_policy.onnx",
+            "--camera", "1928x1208", "--device", dev, "-o", arts[dev], timeout=3000)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  checks = {c: res for c, res, _ in json.loads((arts["QCOM"] / "metadata.json").read_text())["validation"]["checks"]}
+  assert checks["vision vs onnxruntime"] == checks["policy vs onnxruntime"] == checks["pickle replay (EMU)"] == "ok"
+  frames = _frames(3)
+  ref = _steps(arts["CPU"], monkeypatch, "CPU", frames, plan="PWP")
+  with executing():
+    got = _steps(arts["QCOM"], monkeypatch, "EMU+QCOM:IR3", frames, plan="PWP")
+  for step, ((_, r_ref), (_, r_got)) in enumerate(zip(ref, got)):
+    ex, i = _excess(r_ref, r_got)
+    assert np.isfinite(r_got).all() and ex <= 0, f"step {step}: raw output {i}: emulated {r_got[i]} vs CPU {r_ref[i]}"
+  assert not np.allclose(got[0][1], got[1][1])
