@@ -19,6 +19,7 @@ from compile.artifact import MANIFEST, activate_target, resolve_artifact, verify
 from modeld_msm.core import PUBLISHED, SUBSCRIBED, Frame, ModeldCore
 from modeld_msm.errors import UserError
 from selfdrive_glue import messaging
+from selfdrive_glue.capnp_check import check_pointers
 from selfdrive_glue.nv12 import nv12_info
 from selfdrive_glue.visionipc import VisionIpcClient, VisionStreamType
 
@@ -61,6 +62,7 @@ def config_realtime(core: int = RT_CORE, priority: int = RT_PRIORITY) -> str:
 
 
 def _car_params_from(data: bytes):
+  check_pointers(data)   # as_builder() on an out-of-bounds pointer aborts the process instead of raising
   with messaging.car.CarParams.from_bytes(data) as cp:
     return cp.as_builder().as_reader()
 

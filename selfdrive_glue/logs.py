@@ -132,13 +132,14 @@ class LogReader:
     """(Event reader, its exact bytes) pairs in file order; stops at the first corrupt event and records it in `damage`."""
     import capnp
 
-    from selfdrive_glue.messaging import BadMessage, log_from_bytes
+    from selfdrive_glue.capnp_check import check_pointers
+    from selfdrive_glue.messaging import BadMessage, log_from_bytes, member_of
     self.unknown = 0
     for i, mv in enumerate(self._events):
       b = bytes(mv)
       try:
         ev = log_from_bytes(b)
-        _ = ev.total_size  # walks every pointer: corrupt data fails here rather than in the caller
+        check_pointers(b)  # every pointer in bounds: corrupt data fails here rather than in the caller (not total_size: it aborts)
       except (BadMessage, capnp.KjException, ValueError) as e:
         self.damage = f"event {i} of {len(self._events)} is corrupt ({str(e).splitlines()[0][:120]}); stopped there"
         return
@@ -147,6 +148,11 @@ class LogReader:
       except (capnp.KjException, ValueError):
         self.unknown += 1  # a union member newer than our schema
         continue
+      try:
+        member_of(ev)
+      except (capnp.KjException, ValueError) as e:   # a member pointer of the wrong kind
+        self.damage = f"event {i} of {len(self._events)} is corrupt ({str(e).splitlines()[0][:120]}); stopped there"
+        return
       yield ev, b
 
 

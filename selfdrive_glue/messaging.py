@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import capnp
 
+from selfdrive_glue.capnp_check import check_pointers
 from selfdrive_glue.msgq import IpcError, MultiplePublishersError, Poller, PubSocket, SubSocket
 from selfdrive_glue.schema import SOURCE, car, log
 from selfdrive_glue.services import SERVICE_LIST, SERVICES, segment_size
@@ -77,8 +78,10 @@ def checked_event(dat: bytes, service: str | None = None) -> capnp.lib.capnp._Dy
   """log_from_bytes plus a full bounds-checked traversal, so later field reads cannot fail; optionally the member."""
   msg = log_from_bytes(dat)
   try:
-    _ = msg.total_size  # walks every pointer: out-of-bounds or malformed pointers raise here, not in the caller
+    # every pointer in bounds, so later field reads can only raise KjException (pycapnp's own total_size aborts the process)
+    check_pointers(bytes(dat))
     which = service_of(msg)
+    member_of(msg)   # the member pointer may be of the wrong kind (a list where the struct should be)
   except (capnp.KjException, ValueError) as e:
     raise BadMessage(f"corrupt Event ({len(dat)} bytes): {str(e).splitlines()[0][:160]}") from e
   if service is not None and which != service:

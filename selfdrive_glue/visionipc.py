@@ -133,6 +133,17 @@ class VisionBuf:
     self._mm = None
 
 
+def _check_descriptor(fd: int, length: int, mmap_len: int, width: int, height: int, stride: int, uv_offset: int) -> None:
+  """A buffer reply the frame views can be built on: a mapping longer than the fd would be a SIGBUS at the first read
+  (found by bench/fuzz.py), and a geometry outside `len` a reshape error in the reader's loop. OSError: the caller's
+  "connect failed" path."""
+  size = os.fstat(fd).st_size   # memfd, shm file and dma-buf alike report their size
+  if not (0 < length and length + 8 <= mmap_len and (size == 0 or mmap_len <= size)):
+    raise OSError(f"buffer descriptor len {length} / mmap_len {mmap_len} does not fit its {size}-byte fd")
+  if not (0 < width <= stride and 0 < height and stride * height <= uv_offset and uv_offset + stride * ((height + 1) // 2) <= length):
+    raise OSError(f"buffer descriptor geometry {width}x{height} stride {stride} uv_offset {uv_offset} does not fit len {length}")
+
+
 def _dmabuf_sync(fd: int, flags: int) -> None:
   fcntl.ioctl(fd, DMA_BUF_IOCTL_SYNC, struct.pack("<Q", flags))
 
@@ -356,6 +367,7 @@ class VisionIpcClient:
         raise OSError(f"bad buffer reply: {len(msg)} bytes, {len(fds)} fds, flags {flags:#x}")
       for i, fd in enumerate(fds):
         ln, mmap_len, _, _, _, w, h, stride, uv_off, _, _, sid, idx, tp, _ = _DESC.unpack_from(msg, i * _DESC.size)
+        _check_descriptor(fd, ln, mmap_len, w, h, stride, uv_off)
         bufs.append(VisionBuf(fd, ln, w, h, stride, uv_off, idx, tp, sid, mmap_len))
         if _is_dmabuf(fd):
           bufs[-1].sync_fd = fd   # cached device memory: keep the fd for the syncs around each read
