@@ -198,16 +198,23 @@ class LogWriter:
   def close(self) -> None:
     if self._f.closed:
       return
-    if self._z is not None:
-      self._f.write(self._z.flush())
-    self._f.flush()
-    os.fsync(self._f.fileno())
-    self._f.close()
+    try:
+      if self._z is not None:
+        self._f.write(self._z.flush())
+      self._f.flush()
+      os.fsync(self._f.fileno())
+      self._f.close()
+    except OSError:
+      self.abort()   # a full disk usually shows only here, at the last flush: no half-written temp file is left behind
+      raise
     os.replace(self._tmp, self.path)
 
   def abort(self) -> None:
     if not self._f.closed:
-      self._f.close()
+      try:
+        self._f.close()
+      except OSError:
+        pass   # closing flushes, and on a full disk that fails too; the temp file must go all the same
     self._tmp.unlink(missing_ok=True)
 
   def __enter__(self):
