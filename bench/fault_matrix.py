@@ -1,0 +1,316 @@
+"""Fault matrix: inject each fault mid-run and print one row per class: what was injected, what happened, frames lost,
+recovery time, leaks.
+
+- GPU side (a child with DEV=EMU+QCOM:IR3 at level B, so results are checked): a steady loop of small device steps on the emulated render node, the
+  fault injected through the node's hooks (backend/emu/node.py: inject(), inject_gpu_fault()) after warm-up. Leaks are
+  GEM handles open after the loop against before (LRU cache freed first).
+- process side: a real modeld (`python -m modeld_msm.modeld`, CPU tiny artifact) between our VisionIPC server + msgq
+  publishers and a SubMaster here (tests/conftest.py's ModeldHarness); leaks are modeld's open fds and threads.
+- in-process: NaN/inf outputs through ModeldCore; ENOSPC/EFBIG while writing replay output (LogWriter) in a child with
+  RLIMIT_FSIZE (no small tmpfs on this box).
+
+  .venv/bin/python bench/fault_matrix.py [--only gpu|process|local]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+ROWS: list[tuple[str, str, str, str, str, str]] = []
+
+
+def row(cls: str, injected: str, did: str, lost, recovery, leaked: str) -> None:
+  r = (cls, injected, did, str(lost), recovery if isinstance(recovery, str) else f"{recovery * 1e3:.0f} ms", leaked)
+  ROWS.append(r)
+  print(" | ".join(r), flush=True)
+
+
+# ---- GPU side ---------------------------------------------------------------------------------------------------------
+
+GPU_CHILD = r"""
+import errno, gc, json, os, sys, time
+sys.path.insert(0, REPO)
+import backend; backend.install()
+from tinygrad import Tensor, Device
+from backend.msm import MSMFault, MSMTimeout
+dev = Device["QCOM"]
+node = dev.iface.node
+a = Tensor.ones(4096, device="QCOM").contiguous().realize()
+def step(i):
+  return float(((a + 1) * 2).sum().numpy())   # the same kernels every step: nothing new compiled after warm-up
+def live():
+  gc.collect(); dev.synchronize(); dev.allocator.free_cache(); return node.live_handles
+for i in range(5): step(i)
+base = live()
+out = {}
+def run(name, inject, n=20, at=5):
+  lost, err, t_fault, t_ok, faults0 = 0, "", None, None, len(node.stats.faults)
+  for i in range(n):
+    if i == at:
+      inject()
+    t = time.monotonic()
+    try:
+      v = step(i)
+      ok = abs(v - 4 * 4096) < 1e-3
+      if t_fault is not None and t_ok is None and ok:
+        t_ok = time.monotonic() - t_fault
+      if not ok:
+        lost += 1; err = err or f"wrong value {v}"
+    except (MSMFault, MSMTimeout, MemoryError, OSError, RuntimeError) as e:
+      lost += 1; err = err or f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
+      t_fault = t_fault or t
+  out[name] = {"lost": lost, "err": err, "recovery_s": t_ok, "leaked": live() - base, "emu_faults": len(node.stats.faults) - faults0}
+run("enomem", lambda: node.inject("GEM_NEW", errno.ENOMEM))
+run("submit_refused", lambda: node.inject("GEM_SUBMIT", errno.EINVAL))
+run("eintr_submit", lambda: node.inject("GEM_SUBMIT", errno.EINTR, count=3))
+run("eagain_submit", lambda: node.inject("GEM_SUBMIT", errno.EAGAIN, count=3))
+run("eintr_wait", lambda: node.inject("WAIT_FENCE", errno.EINTR, count=3))
+run("eagain_wait", lambda: node.inject("WAIT_FENCE", errno.EAGAIN, count=3))
+run("hang_eio", lambda: node.inject("GEM_SUBMIT", errno.EIO))
+run("gpu_fault", lambda: node.inject_gpu_fault("injected hang (recovered, queue fault count +1)"))
+run("fence_timeout", lambda: node.inject("WAIT_FENCE", errno.ETIMEDOUT, count=60))
+print("JSON" + json.dumps(out))
+"""
+
+GPU_ROWS = {
+  "enomem": ("ENOMEM on allocation", "GEM_NEW -> ENOMEM once"),
+  "submit_refused": ("submit refused", "GEM_SUBMIT -> EINVAL once"),
+  "eintr_submit": ("EINTR on submit", "GEM_SUBMIT -> EINTR x3"),
+  "eagain_submit": ("EAGAIN on submit", "GEM_SUBMIT -> EAGAIN x3"),
+  "eintr_wait": ("EINTR on wait", "WAIT_FENCE -> EINTR x3"),
+  "eagain_wait": ("EAGAIN on wait", "WAIT_FENCE -> EAGAIN x3"),
+  "hang_eio": ("GPU hang at submit", "GEM_SUBMIT -> EIO (kernel recovered)"),
+  "gpu_fault": ("GPU hang in a job", "job killed, queue FAULTS +1"),
+  "fence_timeout": ("fence timeout", "WAIT_FENCE -> ETIMEDOUT x60 (10 ms slices)"),
+}
+
+
+def gpu_rows() -> None:
+  env = {**os.environ, "DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1", "MSM_WAIT_TIMEOUT_MS": "200"}
+  p = subprocess.run([sys.executable, "-c", f"REPO = {str(REPO)!r}\n" + textwrap.dedent(GPU_CHILD)], capture_output=True, text=True,
+                     timeout=600, cwd=REPO, env=env)
+  line = next((ln for ln in p.stdout.splitlines() if ln.startswith("JSON")), None)
+  if line is None:
+    row("GPU side", "-", f"child failed ({p.returncode}): {p.stderr[-300:]}", "?", "-", "?")
+    return
+  for k, r in json.loads(line[4:]).items():
+    cls, inj = GPU_ROWS[k]
+    did = (f"step raised {r['err']}; next steps fine" if r["lost"] else "retried inside the backend; no step failed")
+    rec = r["recovery_s"] if r["recovery_s"] is not None else "-"
+    row(cls, inj, did, r["lost"], rec, f"{r['leaked']} GEM handles")
+
+
+# ---- process side -----------------------------------------------------------------------------------------------------
+
+def modeld_resources(pid: int) -> tuple[int, int]:
+  threads = next(int(ln.split()[1]) for ln in open(f"/proc/{pid}/status") if ln.startswith("Threads:"))
+  return len(os.listdir(f"/proc/{pid}/fd")), threads
+
+
+def process_rows(artifact: Path) -> None:
+  from conftest import ModeldHarness
+
+  from selfdrive_glue import messaging
+
+  def harness():
+    os.environ["OPENPILOT_PREFIX"] = f"fm{uuid.uuid4().hex[:8]}"
+    h = ModeldHarness(artifact)
+    h.start(1)
+    n = 2
+    for _ in range(5):
+      h.step(n)
+      n += 1
+    return h, n
+
+  def recover(h, n, tries=100):
+    """Step until modeld answers; -> (frames without an answer, seconds, next frame id)."""
+    t0, lost = time.monotonic(), 0
+    for _ in range(tries):
+      m, _ = h.step(n, timeout=0.5)
+      n += 1
+      if m is not None:
+        return lost, time.monotonic() - t0, n
+      lost += 1
+    return lost, float("nan"), n
+
+  def leak(h, before) -> str:
+    after = modeld_resources(h.proc.pid)
+    return f"fds {after[0] - before[0]:+d}, threads {after[1] - before[1]:+d}"
+
+  # camerad restart
+  h, n = harness()
+  try:
+    before = modeld_resources(h.proc.pid)
+    h.restart_camera()
+    lost, dt, n = recover(h, n)
+    for _ in range(5):
+      h.step(n)
+      n += 1
+    row("camerad restart", "camera server closed, new one 0.5 s later", "reconnected, outputs resumed", lost, dt, leak(h, before))
+  finally:
+    h.close()
+
+  # publisher restart, corrupt + truncated messages
+  h, n = harness()
+  try:
+    before = modeld_resources(h.proc.pid)
+    h.pm.close()
+    h.pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration", "carState"])
+    lost, dt, n = recover(h, n)
+    row("publisher restart", "all 5 cereal publishers closed and reopened", "new publishers picked up", lost, dt, leak(h, before))
+    good = h._calibration[1][1]
+    bad = [good[:len(good) // 2], good[:-8], bytes(len(good)), os.urandom(len(good)), b"\x00" * 8]
+    lost = 0
+    t0 = time.monotonic()
+    for b in bad * 4:
+      h.pm.send("liveCalibration", b)
+      h.pm.send("carState", b)
+      h.send(n)
+      m, _ = h.wait_model(2.0)
+      n += 1
+      lost += m is None
+    row("corrupt/truncated msgs", "20 bad liveCalibration + carState (truncated, zeros, random)", "dropped and counted; model kept publishing",
+        lost, time.monotonic() - t0 if lost else "0 ms", leak(h, before))
+  finally:
+    h.close()
+
+  # wrong frame size
+  h, n = harness()
+  try:
+    before = modeld_resources(h.proc.pid)
+    from selfdrive_glue.nv12 import nv12_info
+    h.srv.close()
+    time.sleep(0.5)
+    big = ModeldHarness.__new__(ModeldHarness)
+    big.size, big.info = (1344, 760), nv12_info(1344, 760)
+    h.srv = big.camera_server(h.streams)
+    h.frame = h.frame[:big.info.size]
+    lost = 0
+    for _ in range(20):
+      m, _ = h.step(n, timeout=0.25)
+      n += 1
+      lost += m is None
+    alive = h.proc.poll() is None
+    row("frames of wrong size", "camera server restarted at 1344x760 (artifact is 1928x1208)",
+        ("alive, no outputs for the wrong size" if alive else f"exited {h.proc.returncode}"), lost, "-", leak(h, before) if alive else "-")
+  finally:
+    h.close()
+
+  # SIGTERM / SIGINT mid-step
+  for sig, name in ((15, "SIGTERM"), (2, "SIGINT")):
+    h, n = harness()
+    try:
+      h.send(n)
+      time.sleep(0.02)   # inside the step that frame started
+      t0 = time.monotonic()
+      h.proc.send_signal(sig)
+      rc = h.proc.wait(30)
+      row(f"{name} mid-step", f"{name} 20 ms after a frame", f"exit status {rc}", "-", time.monotonic() - t0, "-")
+    finally:
+      h.close()
+
+
+# ---- in-process -------------------------------------------------------------------------------------------------------
+
+def local_rows(artifact: Path) -> None:
+  import numpy as np
+
+  from modeld_msm.core import Frame, ModeldCore
+  from selfdrive_glue.nv12 import nv12_info
+  core = ModeldCore(artifact)
+  g = nv12_info(1928, 1208)
+  buf = np.zeros(g.size, np.uint8)
+  orig = core.model.run
+  n, lost, valid_after = 0, 0, None
+
+  def step(i):
+    return core.on_frame(Frame(buf, i, i * 50_000_000, i * 50_000_000 + 1))
+  from conftest import event_reader
+  core.on_member("deviceState", event_reader("deviceState", deviceType="tici").deviceState)
+  core.on_member("roadCameraState", event_reader("roadCameraState", sensor="ar0231").roadCameraState)
+  core.on_member("liveCalibration", event_reader("liveCalibration", rpyCalib=[0.0, 0.0, 0.0]).liveCalibration)
+  for i in range(1, 4):
+    step(i)
+  n = 4
+
+  def poisoned(*a, **kw):
+    out, raw = orig(*a, **kw)
+    if raw is not None:
+      raw = raw.copy()
+      raw[::7] = np.nan
+      raw[1::7] = np.inf
+    return out, raw
+  core.model.run = poisoned
+  t0 = time.monotonic()
+  for _ in range(3):
+    lost += not step(n)
+    n += 1
+  core.model.run = orig
+  from selfdrive_glue.messaging import log_from_bytes
+  msgs = step(n)
+  valid_after = log_from_bytes(msgs[0][1]).valid if msgs else None
+  row("NaN/inf outputs", "3 steps with NaN/inf in the raw outputs", f"published with valid=False, counted ({core.stats.nonfinite_steps} steps); "
+      f"next clean step valid={valid_after}", lost, time.monotonic() - t0, "-")
+
+  # disk full while writing replay output: a child with RLIMIT_FSIZE writes a log through LogWriter
+  with __import__("tempfile").TemporaryDirectory() as d:
+    code = textwrap.dedent(f"""
+      import resource, signal, sys, os
+      sys.path.insert(0, {str(REPO)!r})
+      signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # like a full disk: write() fails (EFBIG) instead of killing us
+      resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+      from selfdrive_glue.logs import LogWriter
+      try:
+        with LogWriter({d!r} + "/out/rlog", compression="none") as w:
+          for i in range(1000):
+            w.write(os.urandom(1024))
+        print("WROTE")
+      except OSError as e:
+        print("ERR", e.errno)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    left = sorted(str(x.relative_to(d)) for x in Path(d).rglob("*") if x.is_file())
+    row("disk full (replay output)", "RLIMIT_FSIZE 64 KiB, SIGXFSZ ignored: write -> EFBIG",
+        f"{p.stdout.strip() or p.stderr[-200:]}: LogWriter aborted", "-", "-", f"files left: {left or 'none'}")
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--only", choices=["gpu", "process", "local"], action="append")
+  ap.add_argument("--artifact", type=Path, help="CPU artifact (default: the demo's cached tiny 1928x1208 one)")
+  args = ap.parse_args()
+  import logging
+  logging.disable(logging.ERROR)
+  only = args.only or ["gpu", "process", "local"]
+  art = args.artifact
+  if art is None and ("process" in only or "local" in only):
+    from modeld_msm.demo import cached_artifact
+    art = cached_artifact("tiny", "1928x1208", "CPU", log=lambda *_: None)
+  print("class | injected | what modeld did | frames lost | recovery | leaked")
+  if "gpu" in only:
+    gpu_rows()
+  if "local" in only:
+    assert art is not None
+    local_rows(art)
+  if "process" in only:
+    assert art is not None
+    process_rows(art)
+  print("\n| class | injected | what modeld did | frames lost | recovery | leaked |\n|---|---|---|---|---|---|")
+  for r in ROWS:
+    print("| " + " | ".join(r) + " |")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,212 @@
+"""Soak: N frames at 20 Hz through real processes (the demo's camera server, modeld, a listener here), sampling modeld's
+resources from /proc, and printing start/end/slope per resource.
+
+  .venv/bin/python bench/soak.py --config cpu --frames 2000
+  .venv/bin/python bench/soak.py --config emu-a --artifact QCOM_ARTIFACT_DIR --frames 2000
+  .venv/bin/python bench/soak.py --config emu-b --artifact QCOM_ARTIFACT_DIR --frames 60   # level B steps ~1 s a frame
+
+Sampled for modeld: VmRSS, private memory (Private_Clean + Private_Dirty of /proc/PID/smaps_rollup) and its anonymous part,
+open fds, threads; for the run: /dev/shm entries under the run's OPENPILOT_PREFIX and in all of /dev/shm. On EMU, modeld
+runs under a wrapper (this file with --modeld-child) that reports the emulated node's GEM handles and jobs in flight
+(BOs pinned by unretired jobs) to a side file every second.
+
+Slope is a least-squares fit over the second half of the samples (after warm-up), per 1000 frames.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def proc_sample(pid: int) -> dict:
+  out: dict = {}
+  for ln in open(f"/proc/{pid}/status"):
+    k, _, v = ln.partition(":")
+    if k == "VmRSS":
+      out["rss_kb"] = int(v.split()[0])
+    elif k == "Threads":
+      out["threads"] = int(v)
+  priv = 0
+  for ln in open(f"/proc/{pid}/smaps_rollup"):
+    p = ln.split()
+    if p[0] in ("Private_Clean:", "Private_Dirty:"):
+      priv += int(p[1])
+    elif p[0] == "Anonymous:":
+      out["anon_kb"] = int(p[1])
+  out["private_kb"] = priv
+  fds = os.listdir(f"/proc/{pid}/fd")
+  out["fds"] = len(fds)
+  gem = 0
+  for fd in fds:
+    try:
+      if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:msm-bo"):
+        gem += 1
+    except OSError:
+      pass
+  out["gem_fds"] = gem
+  return out
+
+
+def shm_entries(prefix: str) -> tuple[int, int]:
+  mine = f"/dev/shm/msgq_{prefix}"
+  return (len(os.listdir(mine)) if os.path.isdir(mine) else 0), len(os.listdir("/dev/shm"))
+
+
+def slope_per_1000(frames: list[int], values: list[float]) -> float:
+  h = len(frames) // 2
+  x, y = np.asarray(frames[h:], float), np.asarray(values[h:], float)
+  if len(x) < 2 or np.ptp(x) == 0:
+    return float("nan")
+  return float(np.polyfit(x, y, 1)[0] * 1000)
+
+
+def modeld_child(argv: list[str], stats_file: str) -> int:
+  """modeld's own main() with a thread reporting the emulated render node's counters (tests/bench only)."""
+  import backend.emu as emu
+  nodes: list = []
+  orig = emu.RenderNode.__init__
+
+  def init(self, *a, **kw):
+    orig(self, *a, **kw)
+    nodes.append(self)
+  emu.RenderNode.__init__ = init  # type: ignore[method-assign]
+
+  def report():
+    while True:
+      time.sleep(1.0)
+      if nodes:
+        n = nodes[-1]
+        d = {"gem_handles": n.live_handles, "jobs_in_flight": n.pending_jobs,
+             "bos_in_flight": sum(len(j.bos) for j in list(n._ring)), "faults": len(n.stats.faults)}
+        tmp = stats_file + ".tmp"
+        with open(tmp, "w") as f:
+          json.dump(d, f)
+        os.replace(tmp, stats_file)
+  threading.Thread(target=report, daemon=True).start()
+  from modeld_msm import modeld
+  sys.argv = ["modeld", *argv]
+  return modeld.main()
+
+
+def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: Path | None) -> dict:
+  prefix = f"soak{uuid.uuid4().hex[:6]}"
+  os.environ["OPENPILOT_PREFIX"] = prefix
+  from modeld_msm.demo import cached_artifact
+  from selfdrive_glue import messaging
+  if config == "cpu":
+    art = artifact or cached_artifact("tiny", "1928x1208", "CPU", log=lambda *_: None)
+    env_dev = {"DEV": "CPU"}
+  else:
+    if artifact is None:
+      raise SystemExit("--artifact QCOM_DIR is needed for EMU configs (modeld-msm compile --device QCOM)")
+    art = artifact
+    env_dev = {"DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1" if config == "emu-b" else "0"}
+  stats_file = f"/tmp/{prefix}-node.json"
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", **env_dev}
+  logdir = out or Path(f"/tmp/{prefix}")
+  logdir.mkdir(parents=True, exist_ok=True)
+  mlog, clog = open(logdir / "modeld.log", "w"), open(logdir / "camera.log", "w")
+  margs = ["--artifact", str(art), "--demo"]
+  cmd = [sys.executable, __file__, "--modeld-child", stats_file, "--", *margs] if config != "cpu" else \
+        [sys.executable, "-m", "modeld_msm.modeld", *margs]
+  modeld = subprocess.Popen(cmd, env=env, stdout=mlog, stderr=subprocess.STDOUT, cwd=REPO)
+  sm = messaging.SubMaster(["modelV2"], poll="modelV2")
+  camera = None
+  samples: list[dict] = []
+  got = 0
+  t_start = time.monotonic()
+  try:
+    # the camera starts once modeld has loaded, so the soak's frames are all offered to a running modeld
+    seconds = frames / 20
+    camera = subprocess.Popen([sys.executable, "-m", "modeld_msm.demo_camera", "--camera", "1928x1208", "--seconds", str(seconds + 30)],
+                              env=env, stdout=clog, stderr=subprocess.STDOUT, cwd=REPO)
+    first = None
+    next_sample = 0.0
+    deadline = time.monotonic() + 600 + seconds * (25 if config == "emu-b" else 2)
+    while got < frames and time.monotonic() < deadline:
+      sm.update(100)
+      if sm.updated["modelV2"]:
+        got += 1
+        if first is None:
+          first = time.monotonic()
+      if modeld.poll() is not None:
+        break
+      if first is not None and time.monotonic() >= next_sample:
+        s = {"frames": got, "t": time.monotonic() - first, **proc_sample(modeld.pid)}
+        s["shm_prefix"], s["shm_all"] = shm_entries(prefix)
+        try:
+          s.update(json.load(open(stats_file)))
+        except (OSError, ValueError):
+          pass
+        samples.append(s)
+        next_sample = time.monotonic() + sample_s
+  finally:
+    if camera is not None:
+      camera.terminate()
+      camera.wait(10)
+    rc_sent = modeld.poll()
+    if rc_sent is None:
+      modeld.send_signal(2)
+      try:
+        modeld.wait(30)
+      except subprocess.TimeoutExpired:
+        modeld.kill()
+        modeld.wait()
+    sm.close()
+  wall = time.monotonic() - t_start
+  return {"config": config, "frames": got, "asked": frames, "wall_s": wall, "modeld_exit": modeld.returncode, "samples": samples,
+          "logdir": str(logdir)}
+
+
+METRICS = [("rss_kb", "RSS KB"), ("private_kb", "private KB"), ("anon_kb", "anon KB"), ("fds", "open fds"), ("threads", "threads"),
+           ("shm_prefix", "/dev/shm msgq (run)"), ("shm_all", "/dev/shm entries"), ("gem_fds", "GEM memfds"),
+           ("gem_handles", "GEM handles"), ("bos_in_flight", "BOs in flight"), ("jobs_in_flight", "jobs in flight")]
+
+
+def table(r: dict) -> str:
+  s = r["samples"]
+  lines = [f"{r['config']}: {r['frames']}/{r['asked']} frames published in {r['wall_s']:.0f} s, {len(s)} samples, modeld exit {r['modeld_exit']}"]
+  lines.append(f"  {'resource':<22} {'start':>10} {'end':>10} {'slope/1000 frames':>18}")
+  for k, name in METRICS:
+    pts = [(x["frames"], x[k]) for x in s if k in x]
+    if len(pts) < 2:
+      continue
+    f, v = zip(*pts, strict=True)
+    lines.append(f"  {name:<22} {v[0]:>10} {v[-1]:>10} {slope_per_1000(list(f), list(v)):>18.1f}")
+  return "\n".join(lines)
+
+
+def main() -> int:
+  if len(sys.argv) > 2 and sys.argv[1] == "--modeld-child":
+    return modeld_child(sys.argv[4:], sys.argv[2])
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--config", choices=["cpu", "emu-a", "emu-b"], action="append", help="default: cpu")
+  ap.add_argument("--frames", type=int, default=2000, help="the issue asks 10,000; 2,000 is ~100 s at 20 Hz")
+  ap.add_argument("--artifact", type=Path, help="QCOM artifact for emu-a/emu-b (CPU: the demo's cached tiny artifact)")
+  ap.add_argument("--sample-s", type=float, default=2.0)
+  ap.add_argument("--json", type=Path, help="write the samples here")
+  args = ap.parse_args()
+  results = []
+  for c in args.config or ["cpu"]:
+    r = run(c, args.frames, args.artifact if c != "cpu" else None, args.sample_s, None)
+    results.append(r)
+    print(table(r), flush=True)
+  if args.json:
+    args.json.write_text(json.dumps(results, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
