@@ -57,7 +57,17 @@ def _cpu_pointers(iface: MSMIface):
     _IFACE.reset(tok)
 
 
+# an executing emulator runs a full-model step in tens of seconds (more on a loaded box), and the timeline signal moves only when
+# the whole graph is done: tinygrad's 30 s default would call that a hang
+EXEC_WAIT_TIMEOUT_MS = 30 * 60 * 1000
+
+
 class MSMSignal(up.QCOMSignal):
+  def wait(self, value: int, timeout: int | None = None):
+    if timeout is None and self.owner is not None and getattr(getattr(self.owner.iface, "node", None), "execute", False):
+      timeout = int(os.environ.get("HCQDEV_WAIT_TIMEOUT_MS", EXEC_WAIT_TIMEOUT_MS))
+    return super().wait(value, timeout)
+
   def _sleep(self, time_spent_since_last_sleep_ms: int):
     if self.is_timeline and self.owner is not None:
       self.owner.iface.sleep()

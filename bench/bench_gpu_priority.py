@@ -104,10 +104,17 @@ def main() -> int:
         f"{sum(b for _, _, b in disp) / 1e6:.0f} MB; a630 timeline cost {sum(prog) / 1e3:.1f} ms alone "
         f"(largest: {', '.join(f'{n} {us / 1e3:.2f} ms' for us, n in big)})")
 
+  import json
+
+  from backend import chunking
   stock = tl.STOCK
+  timed = bool(json.loads((art / "metadata.json").read_text()).get("kernel_us")) and chunking.budget_us()
   policies = [stock,
+              tl.Policy(f"ours (defaults): prio {ours['prio']}, chunks of <= {timed / 1e3:g} ms, {ours['inflight']} in flight", ours["prio"], 0,
+                        ours["inflight"], chunk_us=timed) if timed else
               tl.Policy(f"ours (defaults): prio {ours['prio']}, {ours['chunk'] or 'one'}-kernel chunks, {ours['inflight']} in flight",
                         ours["prio"], ours["chunk"], ours["inflight"]),
+              tl.Policy(f"previous default: prio {ours['prio']}, 16-kernel chunks, 1 in flight", ours["prio"], 16, 1),
               tl.Policy("prio 0, 64-kernel chunks, 2 in flight", 0, 64, 2),
               tl.Policy("lowest prio, one submit per graph", 2, 0, 1)]
   policies += [tl.Policy(f"lowest prio, {c}-kernel chunks, {n} in flight", 2, c, n) for c in (8, 16, 32, 128) for n in (1, 2)]
