@@ -144,7 +144,7 @@ def _camera_frames(seg: Segment, frame_ids: set[int]) -> tuple[dict[int, tuple[i
   them); plus the geometry to project onto it."""
   import av
 
-  from modeld_msm.replay import plan_segment
+  from modeld_msm.frame_map import plan_segment
   from selfdrive_glue.video import _container_format
   plan = plan_segment(seg)
   want = {}

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from modeld_msm.errors import UserError
+from modeld_msm.frame_map import plan_segment
 from modeld_msm.regress import regress
-from modeld_msm.replay import Replayer, plan_segment, replay_many, replay_segment
+from modeld_msm.replay import Replayer, replay_many, replay_segment
 from selfdrive_glue.logs import LogReader, LogWriter
 from selfdrive_glue.nv12 import nv12_info
 from selfdrive_glue.route import expand_segments, open_segment
