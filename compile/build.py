@@ -5,6 +5,9 @@ Validation before anything is written:
   2. the fused program, jitted, equals the unjitted program exactly — outputs and every device queue — over a sequence
      of seeded steps that mixes full steps with warp-only (dropped-frame) steps and rotates frame buffers like VisionIPC;
   3. the pickled JITs, loaded back, reproduce the first step exactly and react to different inputs.
+The pickles are reproducible (the same models, versions and flags give the same bytes; the metadata holds no build time)
+and carry no scratch memory: buffers every JIT writes before reading them are pickled without contents (jit_pickle.pickle_programs);
+check 3 runs the reloaded JITs on freshly allocated scratch, so contents that were needed after all would fail it.
 QCOM is captured on the emulated render node under openpilot's QCOM flags (TARGET_FLAGS, recorded as metadata "flags"), with
 the node executing the a630 machine code (level B): the capture runs kernels whose outputs are pickled with the program
 (weights converted on the device, e.g. into IMAGE=2 layouts), so a capture that does not execute them pickles buffers that
@@ -14,7 +17,6 @@ the whole step plan through the MSM submit path with strict BO validation, no GP
 from __future__ import annotations
 
 import os
-import pickle
 import platform
 import tempfile
 import time
@@ -26,7 +28,7 @@ import numpy as np
 
 from compile import artifact as art_mod
 from compile import precision as precision_mod
-from compile.jit_pickle import unpickle_programs
+from compile.jit_pickle import pickle_programs, unpickle_programs
 from compile.onnx_model import OnnxModelInfo, load_model_info
 from modeld_msm.errors import UserError
 from selfdrive_glue.nv12 import NV12Info, nv12_info
@@ -232,7 +234,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     t = time.perf_counter()
     log("[compile] 3/3 pickling and checking the reloaded program")
     prog.reset_queues()
-    policy_pkl, warp_pkl = pickle.dumps(policy_jit), pickle.dumps(warp_jit)
+    policy_pkl, warp_pkl = pickle_programs(policy_jit, warp_jit)
   # outside the capture flags, like the runtime's load
   kernel_us: dict[str, float] = {}
   if device != "QCOM":
@@ -245,8 +247,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   from tinygrad import Device as D
   renderer = type(D[dev_name].renderer).__name__
   meta: dict[str, Any] = {
+    # no build time: the same inputs give the same bytes (a bundle's bundle.json says when it was built)
     "format": art_mod.FORMAT,
-    "created_unix": int(time.time()),
     "camera": {"width": camera[0], "height": camera[1], "stride": nv.stride, "y_height": nv.y_height, "uv_height": nv.uv_height,
                "uv_offset": nv.uv_offset, "size": nv.size},
     "device": dev_name.split(":")[0], "capture_target": capture_target, "load_target": load_target, "target": load_target,

@@ -81,3 +81,132 @@ class _JitUnpickler(pickle.Unpickler):
         self.fresh[key] = next(UOp.unique_num)
       arg = replace(arg, slot=self.fresh[key])
     return UOp(op, dtype, src, arg, tag, metadata, _buffer)
+
+
+def pickle_programs(*jits: Any) -> tuple[bytes, ...]:
+  """Pickle the captured JITs of one compile: reproducibly, and without the contents of their scratch memory.
+
+  - Reproducible: the same capture gives the same bytes. Buffer slots (per-process counters, renamed on load anyway) are
+    renumbered in order of first appearance, one table for all blobs so buffers the JITs share keep one name; and equal
+    strings are memoized by value (the C pickler memoizes by identity, and whether two equal strings are one object varies
+    from run to run, e.g. a ParamArg's device).
+  - Small: a buffer every JIT writes before it reads (scratch_buffers: the memory planner's arena of intermediates, the
+    outputs) is pickled unallocated; its contents are overwritten before they are read, so they are dead weight.
+  """
+  scratch = {id(b) for b in scratch_buffers(*jits)}
+  slots: dict[tuple, int] = {}
+  out = []
+  for jit in jits:
+    f = io.BytesIO()
+    p = _CanonicalPickler(f, slots, scratch)
+    p.dump(jit)
+    p.clear_memo()
+    out.append(f.getvalue())
+  return tuple(out)
+
+
+def scratch_buffers(*jits: Any) -> list[Any]:
+  """The device buffers whose contents no JIT reads before writing them, over one run of each JIT's calls in order.
+
+  Byte ranges are followed per base buffer (the arena is written and read through views); a read of a range not written
+  earlier in the same JIT, a call whose writes tinygrad cannot name, or a view whose extent is unknown keeps the buffer."""
+  from tinygrad.uop.ops import Ops
+  state: dict[Any, bool] = {}
+  for jit in jits:
+    written: dict[Any, list[tuple[int, int]]] = {}
+    for call in _calls(jit.captured._linear):
+      args, (outs, ins), known = _call_access(call)
+      for i, arg in enumerate(args):
+        if arg.op is Ops.PARAM:
+          continue  # a JIT input: not pickled
+        if (span := _span(arg)) is None:   # unknown extent: whatever it touches is kept
+          for b in arg.toposort():
+            if b.op is Ops.BUFFER:
+              state[b] = False
+          continue
+        base, lo, hi = span
+        if not known or i in ins:
+          state[base] = state.get(base, True) and _covered(written.get(base, []), lo, hi)
+        if known and i in outs:
+          state.setdefault(base, True)
+          written.setdefault(base, []).append((lo, hi))
+  return [b.realized for b, ok in state.items() if ok and b.realized is not None and b.realized._base is None]
+
+
+def _calls(linear: Any):
+  from tinygrad.uop.ops import Ops
+  for call in linear.src:
+    if call.src[0].op is Ops.CUSTOM_FUNCTION and call.src[0].arg == "graph":
+      yield from call.src[0].src[0].src   # a graph's kernels, in order
+    else:
+      yield call
+
+
+def _call_access(call: Any) -> tuple[tuple, tuple[tuple[int, ...], tuple[int, ...]], bool]:
+  """(argument uops, (written, read) argument indices, whether tinygrad knows them for this kind of call)."""
+  from tinygrad.engine.realize import get_call_arg_uops, get_call_outs_ins
+  from tinygrad.uop.ops import Ops
+  known = call.src[0].op in (Ops.PROGRAM, Ops.COPY)
+  return get_call_arg_uops(call), get_call_outs_ins(call), known
+
+
+def _span(arg: Any) -> tuple[Any, int, int] | None:
+  """(base BUFFER uop, first byte, end byte) an argument covers, or None when it is not one contiguous range of one buffer."""
+  from tinygrad.uop.ops import Ops
+  if arg.op is Ops.BUFFER:
+    return arg, 0, arg.nbytes()
+  if (cv := arg.contiguous_view()) is None or cv[0].op is not Ops.BUFFER:
+    return None
+  base, off = cv
+  lo = off * base.dtype.itemsize
+  return base, lo, lo + arg.nbytes()
+
+
+def _covered(ranges: list[tuple[int, int]], lo: int, hi: int) -> bool:
+  for a, b in sorted(ranges):
+    if a > lo:
+      break   # a gap at lo: no later range (sorted) starts before it
+    lo = max(lo, b)
+  return lo >= hi
+
+
+# the pure-Python pickler; typeshed describes little of it beyond dump()
+_PyPickler: Any = pickle._Pickler
+
+
+class _CanonicalPickler(_PyPickler):
+  """The pure-Python pickler (its memo can be keyed by value) with tinygrad's buffers and uops reduced our way."""
+  dispatch = dict(_PyPickler.dispatch)
+
+  def __init__(self, f, slots: dict[tuple, int], scratch: set[int]):
+    # protocol 4 like pickle.dumps gave before: the same opcodes and globals (jit_pickle_allowlist.json), so artifacts stay
+    # loadable across this change
+    super().__init__(f, protocol=4)
+    from tinygrad.device import Buffer
+    from tinygrad.uop.ops import UOp
+    self.slots, self.scratch = slots, scratch
+    self.strings: dict[str, int] = {}
+    self.dispatch_table = {UOp: self._reduce_uop, Buffer: self._reduce_buffer}
+
+  def save_str(self, obj: str) -> None:
+    if (i := self.strings.get(obj)) is not None:
+      self.write(self.get(i))
+      return
+    _PyPickler.save_str(self, obj)
+    self.strings[obj] = self.memo[id(obj)][0]
+  dispatch[str] = save_str
+
+  def _reduce_uop(self, u):
+    from dataclasses import replace
+
+    from tinygrad.uop.ops import Ops
+    fn, args = u.__reduce__()
+    if u.op is Ops.BUFFER and hasattr(arg := args[3], "slot") and getattr(arg, "device", None) is not None:
+      slot = self.slots.setdefault((arg.slot, arg.device, arg.dtype), len(self.slots))
+      args = (*args[:3], replace(arg, slot=slot), *args[4:])
+    return fn, args
+
+  def _reduce_buffer(self, b):
+    if id(b) in self.scratch:   # allocated on first use after loading, like any unrealized buffer
+      return type(b), (b.device, b.size, b.dtype, None, b.options, None, b.uop_refcount)
+    return b.__reduce_ex__(self.proto)
