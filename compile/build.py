@@ -164,6 +164,17 @@ def _run_sequence(policy_fn, warp_fn, steps: _Steps, host_np, host_t, queues) ->
   return out
 
 
+def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, device: str, compute: str):
+  """The unjitted per-frame program in the given precision: fp32 builds the runners from widened copies of the models
+  (onnxruntime still checks the originals)."""
+  from compile.program import DrivingProgram
+  if compute != "fp32":
+    return DrivingProgram(vinfo, pinfo, nv, device)
+  with tempfile.TemporaryDirectory(prefix="modeld-msm-fp32-") as td:
+    wide = [replace(i, path=precision_mod.widen_to_fp32(i.path, Path(td) / i.path.name)) for i in (vinfo, pinfo)]
+    return DrivingProgram(wide[0], wide[1], nv, device)
+
+
 def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path,
                      log=print, precision: str = "auto") -> CompileReport:
   if device not in TARGETS:
@@ -190,15 +201,10 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     log(f"[compile] capture flags: {' '.join(f'{k}={v}' for k, v in flags.items())}")
   # the device opens inside the flags too: QCOM's renderer arch depends on IMAGE
   with Context(**flags):
-    from compile.program import DrivingProgram, HostInputs
+    from compile.program import HostInputs
     nv = nv12_info(*camera)
     log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target} in {compute}")
-    with tempfile.TemporaryDirectory(prefix="modeld-msm-fp32-") as td:
-      if compute == "fp32":  # the runners are built from the widened files; onnxruntime below still checks the originals
-        run_v, run_p = (replace(i, path=precision_mod.widen_to_fp32(i.path, Path(td) / i.path.name)) for i in (vinfo, pinfo))
-      else:
-        run_v, run_p = vinfo, pinfo
-      prog = DrivingProgram(run_v, run_p, nv, dev_name)
+    prog = build_program(vinfo, pinfo, nv, dev_name, compute)
     report.timings["load"] = time.perf_counter() - t0
     if device == "QCOM":
       if (node := _emu_node(dev_name)) is None:

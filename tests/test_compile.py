@@ -32,9 +32,11 @@ def _random_host(rng: np.random.Generator, host: HostInputs) -> None:
   host.traffic_convention[0, int(rng.integers(0, 2))] = 1
 
 
-def _unjitted(models: Path, camera: tuple[int, int]) -> DrivingProgram:
-  return DrivingProgram(load_model_info(models / "driving_vision.onnx", "vision"), load_model_info(models / "driving_policy.onnx", "policy"),
-                        nv12_info(*camera), "CPU")
+def _unjitted(models: Path, camera: tuple[int, int], compute: str = "fp16") -> DrivingProgram:
+  """The program as compile builds it, in the given compute precision (an artifact records its own in metadata)."""
+  from compile.build import build_program
+  return build_program(load_model_info(models / "driving_vision.onnx", "vision"), load_model_info(models / "driving_policy.onnx", "policy"),
+                       nv12_info(*camera), "CPU", compute)
 
 
 # ---------------------------------------------------------------------------------------------------------------- round trips
@@ -75,7 +77,7 @@ def test_loaded_artifact_equals_fresh_unjitted_program(camera, tiny_models, requ
   from modeld_msm.model_state import ModelState
   art = request.getfixturevalue(f"cpu_artifact_{camera[0]}")
   state = ModelState(art, device="CPU", camera=camera)
-  prog = _unjitted(tiny_models, camera)
+  prog = _unjitted(tiny_models, camera, state.artifact.meta["precision"]["compute"])
   nv, rng = nv12_info(*camera), np.random.default_rng(1)
   host, prev_desire, outs = HostInputs.zeros(), np.zeros(8, np.float32), []
   host_t = host.tensors()
