@@ -272,6 +272,8 @@ def main() -> int:
   except UserError as e:
     print(f"modeld: error: {e}", file=sys.stderr)
     return e.exit_code
+  except KeyboardInterrupt:
+    return 0   # stopped before the loop took SIGINT over, or while waiting for camerad: a clean stop
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ def test_car_artifact_is_submitted_in_chunks_of_estimated_time(qcom_artifact, mo
     budget = max(kernel_us.values()) * 1.5
     before = {id(q) for q in _bound_queues()}
     timed, names2 = full_step_submits({"MSM_CHUNK_US": str(budget)})
-    chunks = [c for q in _bound_queues() if id(q) not in before for c in _chunk_kernels(q)]
+    per_queue = [_chunk_kernels(q) for q in _bound_queues() if id(q) not in before]   # the policy and the warp JIT's graphs
+    chunks = [c for q in per_queue for c in q]
     default, _ = full_step_submits({"MSM_CHUNK_US": None, "MSM_CHUNK_KERNELS": "16"})
   finally:
     DEV.value = old
@@ -91,9 +92,10 @@ def test_car_artifact_is_submitted_in_chunks_of_estimated_time(qcom_artifact, mo
   assert 1 < timed < per_kernel and default < per_kernel
   big = [c for c in chunks if sum(kernel_us[n] for n in c) > budget]
   assert all(len(c) == 1 for c in big), big   # over budget only as a single kernel
-  for a, b in zip(chunks, chunks[1:]):
-    if a and b:   # chunks are filled: the next kernel would not have fit
-      assert sum(kernel_us[n] for n in a) + kernel_us[b[0]] > budget
+  for q in per_queue:
+    for a, b in zip(q, q[1:]):
+      if a and b:   # a queue's chunks are filled: the next kernel would not have fit
+        assert sum(kernel_us[n] for n in a) + kernel_us[b[0]] > budget
 
 
 def _bound_queues() -> list:

@@ -253,6 +253,9 @@ def test_command_ring_reuses_space_only_after_retire():
       self.waited.append(job.fence)
       self.retired = max(self.retired, job.fence)
 
+    def is_retired(self, fence):
+      return fence <= self.retired
+
   it = Iface()
   ring = CmdRing(it, 4096)
   jobs = [Job(None, 0, 0, bytearray(), 0, [], fence=i + 1) for i in range(5)]

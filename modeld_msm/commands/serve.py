@@ -14,6 +14,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+  try:
+    return _serve(args)
+  except KeyboardInterrupt:
+    # SIGINT before serve() took it over, or while waiting for camerad: openpilot's manager stopping us, a clean stop
+    return 0
+
+
+def _serve(args) -> int:
   import logging
   import os
   from pathlib import Path
