@@ -1,4 +1,4 @@
-"""Loading pickled TinyJits without running Python code.
+"""Pickled TinyJits: written reproducible and lean (`pickle_programs`), loaded without running Python code.
 
 Plain unpickling calls whatever a pickle names (`os.system` included), so an artifact whose manifest was rewritten to
 match its tampered pickles would run its payload on load. Here every global a pickle asks for must be on a reviewed
