@@ -1,5 +1,6 @@
 """VisionIPC: a camera server and a client in different processes, real fd passing, real shared buffers."""
 import array
+import contextlib
 import multiprocessing
 import os
 import socket
@@ -331,8 +332,14 @@ def test_client_syncs_dma_buf_caches_around_each_read(monkeypatch):
     dmabuf_inodes.update(ino)
     size = srv.buffers[ROAD][0].len
 
-    def nfds():
-      return len(os.listdir("/proc/self/fd"))
+    inodes = set(ino) | {os.fstat(b.fd).st_ino for b in srv.buffers[WIDE]}
+
+    def nfds():   # this process's fds open on the test's buffers (mmap dups included): other threads' fds cannot move it
+      n = 0
+      for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+          n += os.stat(f"/proc/self/fd/{fd}").st_ino in inodes
+      return n
     fds_before = nfds()
     plain = VisionIpcClient("dmabuf", WIDE, False)          # not a dma-buf: no fd kept, no syncs, nothing counted
     fds_unconnected = nfds()

@@ -5,10 +5,12 @@
 A server of either dialect closes the connection on a request it does not know. The fake servers here are written
 from those facts, byte for byte, so our client is checked against each dialect and not against our own server."""
 import array
+import contextlib
 import os
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -65,8 +67,23 @@ class FakeServer:
     os.unlink(self.path)
 
 
-def _open_fds() -> int:
-  return len(os.listdir("/proc/self/fd"))
+def _open_fds(name: str = "fakebuf") -> int:
+  """This process's fds on the fake servers' buffer memfds (process-wide counts move with other threads' sockets)."""
+  n = 0
+  for fd in os.listdir("/proc/self/fd"):
+    with contextlib.suppress(OSError):
+      n += os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{name}")
+  return n
+
+
+def _settles_at(want: int, timeout: float = 2.0) -> bool:
+  """Whether the count of buffer fds comes back to `want` (the server thread closes its own copy just after sending)."""
+  end = time.monotonic() + timeout
+  while _open_fds() != want:
+    if time.monotonic() > end:
+      return False
+    time.sleep(0.01)
+  return True
 
 
 @pytest.fixture
@@ -103,7 +120,7 @@ def test_newest_server_with_a_stream_4_is_not_misread(fake):
   before = _open_fds()
   assert VisionIpcClient.available_streams("cam4", True) == {ROAD, 4}
   assert srv.requests == [LIST_011, LIST_NEW]
-  assert _open_fds() == before               # the buffer fd that came with the misread reply was closed
+  assert _settles_at(before)                 # the buffer fd that came with the misread reply was closed
 
 
 def test_no_server_and_a_server_with_no_streams(fake):
