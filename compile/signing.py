@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 from modeld_msm.errors import UserError
+from selfdrive_glue.files import write_atomic
 
 SIGNATURE = "manifest.sig"
 PUBKEY_ENV = "MODELD_PUBKEY"
@@ -20,18 +20,6 @@ _PUB_PREFIX = "ed25519 "
 
 class SignatureError(UserError):
   pass
-
-
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
 
 
 def key_id(pub_raw: bytes) -> str:
@@ -49,8 +37,8 @@ def generate_keypair(out_dir: Path, name: str = "modeld-msm") -> tuple[Path, Pat
   key = Ed25519PrivateKey.generate()
   pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
   pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-  _atomic_write(priv_path, pem, 0o600)
-  _atomic_write(pub_path, (_PUB_PREFIX + pub.hex() + "\n").encode())
+  write_atomic(priv_path, pem, 0o600)
+  write_atomic(pub_path, (_PUB_PREFIX + pub.hex() + "\n").encode())
   return priv_path, pub_path
 
 
@@ -96,7 +84,7 @@ def sign_manifest(manifest: bytes, key_path: Path) -> bytes:
 def sign_artifact(art_dir: Path, key_path: Path, manifest_name: str) -> str:
   """Write art_dir/manifest.sig for the manifest as it is now; -> the key id."""
   sig = sign_manifest((art_dir / manifest_name).read_bytes(), key_path)
-  _atomic_write(art_dir / SIGNATURE, sig)
+  write_atomic(art_dir / SIGNATURE, sig)
   return sig.split()[1].decode()
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from modeld_msm.errors import UserError
+from selfdrive_glue.files import replacing
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modeld-msm"
 
@@ -229,10 +230,9 @@ def plot(trace: Trace, path: Path, summary: dict) -> None:
   fig.suptitle(f"modeld-msm demo: {summary['models']} models, {summary['camera']}, {summary['device']} — "
                f"p50 {summary['ms_per_frame_p50']:.1f} ms/frame, {summary['frames_received']} frames")
   fig.tight_layout()
-  tmp = path.with_suffix(".tmp.png")
-  fig.savefig(tmp, dpi=90)
+  with replacing(path, ".png") as tmp:
+    fig.savefig(tmp, dpi=90)
   plt.close(fig)
-  os.replace(tmp, path)
 
 
 def print_summary(s: dict) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from modeld_msm.errors import UserError
+from selfdrive_glue.files import replacing, write_atomic
 from selfdrive_glue.logs import LOG_SUFFIXES, LogReader
 
 DEFAULT_IGNORE = ("logMonoTime", "frameDropPerc", "modelExecutionTime")
@@ -266,10 +267,10 @@ def write_report(report_dir: str | os.PathLike, results: list[CompareResult], me
   series_pngs: dict[str, Path] = {}
   txt = summary_lines(results, 30)
   verdict = "REGRESSION" if any(r.regression for r in results) else "PASS"
-  _atomic_write(out / "report.txt", "\n".join([f"{verdict} (tolerance {tolerance}, ignoring {', '.join(ignore)})", *txt]) + "\n")
+  write_atomic(out / "report.txt", "\n".join([f"{verdict} (tolerance {tolerance}, ignoring {', '.join(ignore)})", *txt]) + "\n")
   data = [{"new": r.new, "ref": r.ref, "regression": r.regression, "messages_new": r.messages_new, "messages_ref": r.messages_ref,
            "structural": r.structural, "damage": r.damage, "worst": [asdict(f) for f in r.worst(30)]} for r in results]
-  _atomic_write(out / "report.json", json.dumps({"verdict": verdict, "tolerance": tolerance, "ignore": list(ignore), "files": data}, indent=1))
+  write_atomic(out / "report.json", json.dumps({"verdict": verdict, "tolerance": tolerance, "ignore": list(ignore), "files": data}, indent=1))
   written += [out / "report.txt", out / "report.json"]
   for name, (mn, mr) in messages.items():
     fig, axes = plt.subplots(2, 4, figsize=(18, 7.5), sharex=True)
@@ -287,10 +288,9 @@ def write_report(report_dir: str | os.PathLike, results: list[CompareResult], me
     fig.suptitle(f"{name}: NEW vs REF ({verdict if any(r.regression for r in results if Path(r.new).name == Path(name).name) else 'match'})")
     fig.tight_layout()
     png = out / (name.replace("/", "__").rsplit(".", 1)[0] + ".png")
-    tmp = png.with_name(f".{png.name}.tmp.png")
-    fig.savefig(tmp, dpi=80)
+    with replacing(png, ".png") as tmp:
+      fig.savefig(tmp, dpi=80)
     plt.close(fig)
-    os.replace(tmp, png)
     written.append(png)
     series_pngs[name] = png
   from modeld_msm.report import write_html
@@ -298,11 +298,3 @@ def write_report(report_dir: str | os.PathLike, results: list[CompareResult], me
   return written
 
 
-def _atomic_write(path: Path, text: str) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  try:
-    tmp.write_text(text)
-    os.replace(tmp, path)
-  except BaseException:
-    tmp.unlink(missing_ok=True)
-    raise

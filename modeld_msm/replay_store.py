@@ -22,6 +22,7 @@ from pathlib import Path
 
 from compile.onnx_model import sha256_file
 from modeld_msm.errors import UserError
+from selfdrive_glue.files import write_atomic
 from selfdrive_glue.route import ROAD_CAMERA, WIDE_CAMERA, Segment
 
 KEY_VERSION = 1
@@ -106,25 +107,12 @@ def meta_path(out: Path) -> Path:
   return out.with_name(out.name + ".json")
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-  try:
-    with open(tmp, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    tmp.unlink(missing_ok=True)
-    raise
-
-
 def write_meta(out: Path, key: str, seg: Segment, result, mode: str, artifact: str | os.PathLike) -> None:
   res = asdict(result)
   res["out"] = str(result.out)
   doc = {"key": key, "output_sha256": sha256_file(out), "segment": str(Path(seg.path).resolve()), "mode": mode,
          "artifact": str(Path(artifact).resolve()), "result": res}
-  atomic_write(meta_path(out), json.dumps(doc, indent=1).encode())
+  write_atomic(meta_path(out), json.dumps(doc, indent=1).encode())
 
 
 def read_meta(out: Path) -> dict | None:

@@ -18,7 +18,6 @@ lines, road edges) are not compared, because a different CPU/GPU moves them by m
 from __future__ import annotations
 
 import html
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import numpy as np
 
 from modeld_msm.errors import UserError
 from modeld_msm.regress import CompareResult, FieldDiff, _as_array, _ignored
+from selfdrive_glue.files import replacing, write_atomic
 from selfdrive_glue.logs import LOG_SUFFIXES
 from selfdrive_glue.route import Segment
 
@@ -103,9 +103,8 @@ def find_segments(names: list[str], given: list[Segment], new: Path, ref: Path) 
 
 
 def _save(fig, path: Path) -> None:
-  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-  fig.savefig(tmp, dpi=80)
-  os.replace(tmp, path)
+  with replacing(path, ".png") as tmp:
+    fig.savefig(tmp, dpi=80)
 
 
 def _distributions(plt, values: dict[str, FieldValues], fields: list[FieldDiff], out: Path) -> Path | None:
@@ -235,7 +234,6 @@ def write_html(report_dir: Path, new: Path, ref: Path, results: list[CompareResu
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from modeld_msm.regress import _atomic_write
   ign = set(ignore)
   fields = merged_fields(results)
   values: dict[str, FieldValues] = {}
@@ -343,5 +341,5 @@ figure {{ display: inline-block; margin: 0.5em; }} img {{ max-width: 100%; }}
 </body></html>
 """
   page = report_dir / "report.html"
-  _atomic_write(page, doc)
+  write_atomic(page, doc)
   return [*written, page]

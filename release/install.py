@@ -37,6 +37,7 @@ from typing import Any
 
 from modeld_msm.errors import UserError
 from release.bundle import BUNDLE_FILE, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
+from selfdrive_glue.files import write_atomic
 
 PROCESS_CONFIG = Path("system/manager/process_config.py")
 PROCESS_PY = Path("system/manager/process.py")
@@ -192,18 +193,6 @@ def _check_interpreter(python: str, src: Path) -> None:
                     "install modeld-msm into it (`pip install -e .` in the checkout) or pass --python")
 
 
-def _write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.chmod(tmp, mode if mode is not None else 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
-
-
 def read_state(root: Path) -> dict[str, Any] | None:
   d = root / INSTALL_REL
   if not d.exists():
@@ -296,7 +285,7 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
     raise
   if new_table != data:
     try:
-      _write_atomic(table, new_table, table.stat().st_mode & 0o7777)
+      write_atomic(table, new_table, table.stat().st_mode & 0o7777)
     except BaseException:
       shutil.rmtree(d, ignore_errors=True)
       _remove_created(root, created)
@@ -336,7 +325,7 @@ def uninstall(openpilot: str | os.PathLike, dry_run: bool = False, log=print) ->
     log(unified_diff(data, original, PROCESS_CONFIG) if restore else f"  leave {PROCESS_CONFIG} as it is (it no longer runs {INSTALL_REL})")
     return "dry run"
   if restore:
-    _write_atomic(table, original, table.stat().st_mode & 0o7777)
+    write_atomic(table, original, table.stat().st_mode & 0o7777)
     log(unified_diff(data, original, PROCESS_CONFIG))
   else:
     log(f"{PROCESS_CONFIG} no longer runs {INSTALL_REL} (restored by hand or replaced by an update); leaving it as it is")

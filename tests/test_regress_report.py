@@ -14,6 +14,7 @@ from test_regress import _outputs, _write
 from modeld_msm import replay_store as store
 from modeld_msm.regress import regress, write_report
 from modeld_msm.replay import replay_segment
+from selfdrive_glue.files import write_atomic
 from selfdrive_glue.logs import LogReader, LogWriter
 from selfdrive_glue.synth import synth_segment
 
@@ -91,7 +92,7 @@ def test_report_marks_failing_fields_and_draws_the_worst_frames_on_the_camera_im
   for d in (new, ref):
     shutil.copytree(d, tmp_path / f"side-{d.name}")
   out = tmp_path / "side-new" / f"{seg.name}.zst"
-  store.atomic_write(store.meta_path(out), f'{{"segment": "{seg}"}}'.encode())
+  write_atomic(store.meta_path(out), f'{{"segment": "{seg}"}}'.encode())
   r = _cli(tmp_path / "side-new", tmp_path / "side-ref", "--report", tmp_path / "side")
   assert r.returncode == 1 and (tmp_path / "side" / "report.html").read_text().count("road camera: video frame ") == len(planted)
 
