@@ -157,15 +157,20 @@ def resolve_artifact(path: str | Path, camera: tuple[int, int]) -> Path:
   sub = path / f"{camera[0]}x{camera[1]}"
   if (sub / MANIFEST).exists():
     return sub
-  have = sorted(p.name for p in path.iterdir() if (p / MANIFEST).exists()) if path.is_dir() else []
+  have = [p.name for p in _bundle_artifacts(path)]
   raise ArtifactError(f"no artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'}); "
                       f"compile one with `modeld-msm compile --camera {camera[0]}x{camera[1]}`")
+
+
+def _bundle_artifacts(path: Path) -> list[Path]:
+  """The artifact directories of a release bundle (one per camera size), sorted; none when path is no directory."""
+  return sorted(p for p in path.iterdir() if (p / MANIFEST).exists()) if path.is_dir() else []
 
 
 def sign_tree(path: str | Path, key: Path) -> list[tuple[Path, str]]:
   """Sign an artifact, or each artifact of a bundle, after verifying it (a tampered artifact is never signed)."""
   path = Path(path)
-  arts = [path] if (path / MANIFEST).exists() else sorted(p for p in path.iterdir() if (p / MANIFEST).exists()) if path.is_dir() else []
+  arts = [path] if (path / MANIFEST).exists() else _bundle_artifacts(path)
   if not arts:
     raise ArtifactError(f"{path} is neither an artifact nor a bundle of artifacts; pass what `modeld-msm compile` or the release build wrote")
   for a in arts:

@@ -39,15 +39,16 @@ class CpuInfo:
 def cpu_info(cpuinfo: str | None = None) -> CpuInfo:
   import os
   text = cpuinfo if cpuinfo is not None else _read_cpuinfo()
-  model, flags = platform.processor() or platform.machine(), set()
+  model: str | None = None
+  flags: set[str] = set()
   for line in text.splitlines():
     key, _, value = line.partition(":")
     key = key.strip().lower()
-    if key in ("model name", "hardware", "cpu model") and model in ("", platform.machine(), platform.processor()):
+    if key in ("model name", "hardware", "cpu model") and model is None:   # the first core's name stands for all
       model = value.strip()
     elif key in ("flags", "features"):
       flags.update(value.split())
-  return CpuInfo(model or "unknown CPU", frozenset(flags), os.cpu_count() or 1)
+  return CpuInfo(model or platform.machine() or "unknown CPU", frozenset(flags), os.cpu_count() or 1)
 
 
 def _read_cpuinfo() -> str:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,36 @@ def event_reader(service: str, **fields):
   for k, v in fields.items():
     setattr(m, k, v)
   return messaging.log_from_bytes(e.to_bytes())
+
+
+class FakeControlSocket:
+  """The listening socket of a camera server written in a test: each connection's request goes to answer(conn, request)
+  on a thread of its own; close() stops it and removes the socket file."""
+
+  def __init__(self, path: str, answer):
+    self.path, self.answer = path, answer
+    self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    self.sock.bind(path)
+    self.sock.listen(4)
+    self.sock.settimeout(0.1)   # so the thread notices close()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      try:
+        conn, _ = self.sock.accept()
+      except OSError:
+        continue
+      with conn:
+        self.answer(conn, conn.recv(64))
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join(2)
+    self.sock.close()
+    Path(self.path).unlink(missing_ok=True)
 
 
 def stop_process(p: subprocess.Popen, timeout: float = 10) -> str:

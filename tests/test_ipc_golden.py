@@ -14,6 +14,7 @@ import struct
 import threading
 
 import pytest
+from conftest import FakeControlSocket
 
 from selfdrive_glue import msgq
 from selfdrive_glue.visionipc import VisionIpcClient, VisionIpcServer
@@ -196,13 +197,7 @@ class RawServer:
       os.ftruncate(fd, SIZE + 8)
       os.pwrite(fd, bytes([i + 1]) * SIZE, 0)
       self.fds.append(fd)
-    self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    self.sock.bind(f"/tmp/{prefix}_visionipc_{name}")
-    self.sock.listen(2)
-    self.sock.settimeout(0.1)
-    self._stop = threading.Event()
-    self._t = threading.Thread(target=self._run, daemon=True)
-    self._t.start()
+    self.control = FakeControlSocket(f"/tmp/{prefix}_visionipc_{name}", self._answer)
 
   def desc(self, i: int) -> bytes:
     d = bytearray(112)
@@ -214,16 +209,10 @@ class RawServer:
     struct.pack_into("<i", d, 108, -1)
     return bytes(d)
 
-  def _run(self) -> None:
-    while not self._stop.is_set():
-      try:
-        conn, _ = self.sock.accept()
-      except OSError:
-        continue
-      with conn:
-        if struct.unpack("<i", conn.recv(64))[0] == self.stream:
-          conn.sendmsg([b"".join(self.desc(i) for i in range(len(self.fds)))],
-                       [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", self.fds))])
+  def _answer(self, conn, req: bytes) -> None:
+    if struct.unpack("<i", req)[0] == self.stream:
+      conn.sendmsg([b"".join(self.desc(i) for i in range(len(self.fds)))],
+                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", self.fds))])
 
   def notify(self, idx: int, frame_id: int, sof: int, eof: int, valid: bool) -> None:
     os.pwrite(self.fds[idx], struct.pack("<Q", frame_id), SIZE)
@@ -236,9 +225,7 @@ class RawServer:
     self.pub.send(bytes(p))
 
   def close(self) -> None:
-    self._stop.set()
-    self._t.join()
-    self.sock.close()
+    self.control.close()
     self.pub.close()
     for fd in self.fds:
       os.close(fd)

@@ -9,10 +9,10 @@ import contextlib
 import os
 import socket
 import struct
-import threading
 import time
 
 import pytest
+from conftest import FakeControlSocket
 
 from selfdrive_glue.nv12 import nv12_info
 from selfdrive_glue.visionipc import VisionIpcClient, VisionIpcServer, VisionStreamType, ipc_path
@@ -27,27 +27,11 @@ class FakeServer:
 
   def __init__(self, name: str, dialect: str, streams: list[int]):
     self.dialect, self.streams, self.requests = dialect, streams, []
-    self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    self.path = ipc_path(name)
-    self.sock.bind(self.path)
-    self.sock.listen(4)
-    self.sock.settimeout(0.1)
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
-    self._thread.start()
+    self.control = FakeControlSocket(ipc_path(name), self._answer)
 
-  def _run(self):
-    while not self._stop.is_set():
-      try:
-        conn, _ = self.sock.accept()
-      except OSError:
-        continue
-      with conn:
-        req = conn.recv(64)
-        self.requests.append(req)
-        self._answer(conn, struct.unpack("<I", req)[0])
-
-  def _answer(self, conn, req: int):
+  def _answer(self, conn, raw: bytes):
+    self.requests.append(raw)
+    req = struct.unpack("<I", raw)[0]
     if self.dialect == "0.11" and req == 4:
       conn.send(struct.pack(f"<{len(self.streams)}i", *self.streams))
     elif self.dialect == "newest" and req == 0xFFFFFFFF:
@@ -61,10 +45,7 @@ class FakeServer:
     # anything else: close without a reply, as both C++ servers do
 
   def close(self):
-    self._stop.set()
-    self._thread.join(2)
-    self.sock.close()
-    os.unlink(self.path)
+    self.control.close()
 
 
 def _open_fds(name: str = "fakebuf") -> int:

@@ -281,31 +281,25 @@ def _cat1(b: Batch, ins: Instr, mask) -> None:
 
 
 def _cat2(b: Batch, ins: Instr, mask) -> None:
-  L = b.L
   op = ins.op
   kind = alu.CMPS.get(op) or (alu.CAT2[op][0] if op in alu.CAT2 else None)
   if kind is None:
     raise alu.Unimplemented(f"cat2 '{op}'")
-  half = _op_half(ins)
-  dst = ins.dst[0]
-  for s in range(ins.repeat + 1):
-    srcs = [_typed(L, o, s, o.half if o.kind == "r" else half, kind) for o in ins.srcs]
-    res = alu.cat2(op, ins.cond, srcs)
-    if "sat" in ins.flags and kind == "f":
-      res = np.clip(res, 0, 1)
-    L.write(dst, s, alu.to_bits(res, dst.half), mask)
+  _alu_repeats(b.L, ins, kind, lambda *srcs: alu.cat2(op, ins.cond, list(srcs)), mask)
 
 
 def _cat3(b: Batch, ins: Instr, mask) -> None:
-  L = b.L
   if ins.op not in alu.CAT3:
     raise alu.Unimplemented(f"cat3 '{ins.op}'")
   kind, fn = alu.CAT3[ins.op]
-  dst = ins.dst[0]
-  half = _op_half(ins)
+  _alu_repeats(b.L, ins, kind, fn, mask)
+
+
+def _alu_repeats(L, ins: Instr, kind: str, fn, mask) -> None:
+  """cat2/cat3: each (rpt) repetition reads its sources typed as `kind`, computes, saturates floats under (sat), writes."""
+  dst, half = ins.dst[0], _op_half(ins)
   for s in range(ins.repeat + 1):
-    srcs = [_typed(L, o, s, o.half if o.kind == "r" else half, kind) for o in ins.srcs]
-    res = fn(*srcs)
+    res = fn(*[_typed(L, o, s, o.half if o.kind == "r" else half, kind) for o in ins.srcs])
     if "sat" in ins.flags and kind == "f":
       res = np.clip(res, 0, 1)
     L.write(dst, s, alu.to_bits(res, dst.half), mask)
