@@ -491,7 +491,7 @@ class EMUIface(MSMIface):
     return self.fd
 
   def fault_detail(self) -> str:
-    return self.fd.stats.faults[-1] if self.fd.stats.faults else super().fault_detail()
+    return self.fd.stats.reported[-1] if self.fd.stats.reported else super().fault_detail()
 
 
 class KGSLIface:

@@ -2,8 +2,9 @@
 recovery time, leaks.
 
 - GPU side (a child with DEV=EMU+QCOM:IR3 at level B, so results are checked): a steady loop of small device steps on the emulated render node, the
-  fault injected through the node's hooks (backend/emu/node.py: inject(), inject_gpu_fault()) after warm-up. Leaks are
-  GEM handles open after the loop against before (LRU cache freed first).
+  fault injected through the node's hooks (backend/emu/node.py: inject(), inject_gpu_fault(), a dispatch tamper for a page
+  fault) or made real: a memory budget (`mem_limit`, EMU_MEM_LIMIT_MB) that GEM_NEW runs into, a job slower than the wait
+  deadline (`delay_jobs`). Leaks are GEM handles open and BO bytes held after the loop against before (LRU cache freed first).
 - process side: a real modeld (`python -m modeld_msm.modeld`, CPU tiny artifact) between our VisionIPC server + msgq
   publishers and a SubMaster here (tests/conftest.py's ModeldHarness); leaks are modeld's open fds and threads.
 - in-process: NaN/inf outputs through ModeldCore; ENOSPC/EFBIG while writing replay output (LogWriter) in a child with
@@ -41,6 +42,7 @@ def row(cls: str, injected: str, did: str, lost, recovery, leaked: str) -> None:
 GPU_CHILD = r"""
 import errno, gc, json, os, sys, time
 sys.path.insert(0, REPO)
+import dataclasses
 import backend; backend.install()
 from tinygrad import Tensor, Device
 from backend.msm import MSMFault, MSMTimeout
@@ -52,13 +54,19 @@ def step(i):
 def live():
   gc.collect(); dev.synchronize(); dev.allocator.free_cache(); return node.live_handles
 for i in range(5): step(i)
-base = live()
+Tensor.ones(1 << 18, device="QCOM").contiguous().realize()   # the ENOMEM row's kernel compiled (its program BO) into the baseline
+base, mem_base = live(), node.mem_used
 out = {}
-def run(name, inject, n=20, at=5):
-  lost, err, t_fault, t_ok, faults0 = 0, "", None, None, len(node.stats.faults)
+def run(name, inject, n=20, at=5, undo=None, undo_at=None):
+  # undo (at step undo_at, default the step after the injection) ends a fault that lasts, e.g. memory that was taken
+  lost, err, t_fault, t_ok = 0, "", None, None
+  faults0, page0, rep0 = dev.iface._fault_count(), node.stats.page_faults, len(node.stats.reported)
+  returned_wrong = 0
   for i in range(n):
     if i == at:
       inject()
+    if undo is not None and i == (undo_at if undo_at is not None else at + 1):
+      undo()
     t = time.monotonic()
     try:
       v = step(i)
@@ -66,11 +74,32 @@ def run(name, inject, n=20, at=5):
       if t_fault is not None and t_ok is None and ok:
         t_ok = time.monotonic() - t_fault
       if not ok:
-        lost += 1; err = err or f"wrong value {v}"
+        lost += 1; returned_wrong += 1; err = err or f"wrong value {v} (want {4 * 4096})"
+        t_fault = t_fault or t
     except (MSMFault, MSMTimeout, MemoryError, OSError, RuntimeError) as e:
-      lost += 1; err = err or f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
+      why = f" <- {str(e.__cause__).splitlines()[0][:150]}" if isinstance(e, MemoryError) and e.__cause__ else ""
+      lost += 1; err = err or f"{type(e).__name__}: {str(e).splitlines()[0][:110]}{why}"
       t_fault = t_fault or t
-  out[name] = {"lost": lost, "err": err, "recovery_s": t_ok, "leaked": live() - base, "emu_faults": len(node.stats.faults) - faults0}
+  out[name] = {"lost": lost, "err": err, "recovery_s": t_ok, "leaked": live() - base, "leaked_bytes": node.mem_used - mem_base,
+               "returned_wrong": returned_wrong, "faults_delta": dev.iface._fault_count() - faults0,
+               "page_faults": node.stats.page_faults - page0, "reported": len(node.stats.reported) - rep0}
+
+def bend(d):
+  # the first buffer pointer of tinygrad's IR3 kernels (c0.x) moved 1 MiB past its buffer: an SMMU fault, no hang
+  c = bytearray(d.consts)
+  c[0:4] = ((int.from_bytes(c[0:4], "little") + (1 << 20)) & 0xffffffff).to_bytes(4, "little")
+  return dataclasses.replace(d, consts=bytes(c))
+def set_tamper(t): node.tamper = t
+def set_policy(p): node.fault_policy = p
+hog = []
+def take_memory():
+  # a real limit: the node's budget is what it holds now plus 1 MiB, and 1 MiB of it goes to another allocation (the rest of
+  # the system's memory taken); the step's buffers come from GEM_NEW again (cache flushed), which the budget refuses
+  live()
+  node.mem_limit = node.mem_used + (1 << 20)
+  hog.append(Tensor.ones(1 << 18, device="QCOM").contiguous().realize())   # 1 MiB
+def free_memory():
+  hog.clear(); live()   # the other allocation freed; the budget stays
 run("enomem", lambda: node.inject("GEM_NEW", errno.ENOMEM))
 run("submit_refused", lambda: node.inject("GEM_SUBMIT", errno.EINVAL))
 run("eintr_submit", lambda: node.inject("GEM_SUBMIT", errno.EINTR, count=3))
@@ -79,7 +108,13 @@ run("eintr_wait", lambda: node.inject("WAIT_FENCE", errno.EINTR, count=3))
 run("eagain_wait", lambda: node.inject("WAIT_FENCE", errno.EAGAIN, count=3))
 run("hang_eio", lambda: node.inject("GEM_SUBMIT", errno.EIO))
 run("gpu_fault", lambda: node.inject_gpu_fault("injected hang (recovered, queue fault count +1)"))
+# the step's buffers fresh from GEM_NEW (cache flushed): a dispatch abandoned at the fault leaves zeros, not last step's answer
+run("page_fault", lambda: (live(), set_tamper(bend)), undo=lambda: set_tamper(None))
+run("page_fault_strict", lambda: (set_policy("strict"), set_tamper(bend)), undo=lambda: (set_tamper(None), set_policy("kernel")))
+run("enomem_budget", take_memory, undo=free_memory, undo_at=8)
+node.mem_limit = None
 run("fence_timeout", lambda: node.inject("WAIT_FENCE", errno.ETIMEDOUT, count=60))
+run("fence_timeout_slow", lambda: node.delay_jobs(0.5))   # longer than MSM_WAIT_TIMEOUT_MS (200 ms here)
 print("JSON" + json.dumps(out))
 """
 
@@ -92,7 +127,11 @@ GPU_ROWS = {
   "eagain_wait": ("EAGAIN on wait", "WAIT_FENCE -> EAGAIN x3"),
   "hang_eio": ("GPU hang at submit", "GEM_SUBMIT -> EIO (kernel recovered)"),
   "gpu_fault": ("GPU hang in a job", "job killed, queue FAULTS +1"),
+  "page_fault": ("GPU page fault (no hang)", "one step's kernel reads 1 MiB past its buffer (SMMU fault), default kernel policy"),
+  "page_fault_strict": ("GPU page fault, EMU_STRICT_FAULTS", "the same, strict emulator (counted like a hang; tests only)"),
+  "enomem_budget": ("ENOMEM from a real limit", "node budget = held + 1 MiB, 1 MiB taken by another allocation for 3 steps"),
   "fence_timeout": ("fence timeout", "WAIT_FENCE -> ETIMEDOUT x60 (10 ms slices)"),
+  "fence_timeout_slow": ("fence timeout, slow job", "one job takes 500 ms on the GPU (MSM_WAIT_TIMEOUT_MS=200)"),
 }
 
 
@@ -106,9 +145,19 @@ def gpu_rows() -> None:
     return
   for k, r in json.loads(line[4:]).items():
     cls, inj = GPU_ROWS[k]
-    did = (f"step raised {r['err']}; next steps fine" if r["lost"] else "retried inside the backend; no step failed")
+    if r["returned_wrong"]:
+      did = f"step returned, output wrong ({r['err']}); no error anywhere"
+    elif r["lost"]:
+      did = f"step raised {r['err']}; next steps fine"
+    elif r["page_faults"]:
+      did = "step returned, output right (the fault missed the result)"
+    else:
+      did = "retried inside the backend; no step failed"
+    did += f"; queue FAULTS {r['faults_delta']:+d}"
+    if r["page_faults"] and not r["reported"]:
+      did += f", {r['page_faults']} page fault(s) only in the node's log (dmesg)"
     rec = r["recovery_s"] if r["recovery_s"] is not None else "-"
-    row(cls, inj, did, r["lost"], rec, f"{r['leaked']} GEM handles")
+    row(cls, inj, did, r["lost"], rec, f"{r['leaked']} GEM handles, {r['leaked_bytes']} BO bytes")
 
 
 # ---- process side -----------------------------------------------------------------------------------------------------

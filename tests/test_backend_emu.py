@@ -185,7 +185,8 @@ def test_gem_close_keeps_backing_until_retired(node):
   assert node.n._by_iova.find(victim_iova) is None            # released after retirement
 
 
-def test_strict_unlisted_and_freed(node):
+def test_strict_unlisted_and_freed():
+  node = Node(fault_policy="strict")   # page faults counted like hangs, so the test sees them through FAULTS
   cmd, _, _ = node.new()
   sig, _, sig_iova = node.new()
   node.wait(node.submit(cmd, flush_ts(sig_iova, 1), [cmd]))
@@ -200,6 +201,86 @@ def test_strict_unlisted_and_freed(node):
   lax.wait(lax.submit(c2, flush_ts(s2_iova, 5), [c2]))   # like the kernel: an unlisted but mapped BO works by luck
   assert lax.faults() == 0 and lax.u32(s2).value == 5
   lax.n.close()
+  node.n.close()
+
+
+def test_page_fault_without_hang_is_not_counted_kernel_rule():
+  """msm-kernel-rules.md, "Faults: what userspace can see": SUBMITQUEUE_QUERY FAULTS rises only when the kernel recovers
+  from a hang (recover_worker); a page fault that does not hang (fault_worker) is logged, the job retires as if fine and
+  the counter does not move. The default node does the same; only its stats (the kernel's log) know."""
+  node = Node()
+  assert node.n.fault_policy == "kernel"
+  cmd, _, _ = node.new()
+  sig, _, sig_iova = node.new()
+  gone, _, gone_iova = node.new()
+  node.n.ioctl(u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=gone))
+  f1 = node.submit(cmd, flush_ts(sig_iova, 1), [cmd])                   # a listed-BO violation (strict BO validation)
+  f2 = node.submit(cmd, flush_ts(gone_iova, 1), [cmd], offset=0x100)    # a freed BO: an SMMU fault on a real a630
+  node.wait(f2)   # the fence retires without an error
+  assert f1 < f2 and node.faults() == 0
+  p = u.drm_msm_param(pipe=u.MSM_PIPE_3D0, param=u.MSM_PARAM_FAULTS)
+  node.n.ioctl(u.DRM_IOCTL_MSM_GET_PARAM, p)
+  assert p.value == 0
+  assert len(node.n.stats.faults) == 2 and not node.n.stats.reported
+  assert all("page fault, no hang (not reported)" in x for x in node.n.stats.faults) and "freed BO" in node.n.stats.faults[-1]
+  node.n.inject_gpu_fault("planted hang")   # a hang is counted under either policy
+  node.wait(node.submit(cmd, flush_ts(sig_iova, 1), [cmd, sig], offset=0x200))
+  assert node.faults() == 1 and node.n.stats.reported == [node.n.stats.faults[-1]] and "planted hang" in node.n.stats.reported[-1]
+  node.n.close()
+
+
+def test_page_fault_drops_the_access_and_the_job_runs_on(capsys):
+  """Kernel policy: the GPU resumes after a page fault, so the job's later packets (its signal write) still happen and the CPU's
+  wait on that signal returns; the kernel's log (stderr here, like dmesg) has the line. Strict ends the job there, counted."""
+  for policy, counted, signalled in (("kernel", 0, 7), ("strict", 1, 0)):
+    node = Node(fault_policy=policy)
+    cmd, _, _ = node.new()
+    sig, _, sig_iova = node.new()
+    gone, _, gone_iova = node.new()
+    node.n.ioctl(u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=gone))
+    node.wait(node.submit(cmd, flush_ts(gone_iova, 1) + flush_ts(sig_iova, 7), [cmd, sig]))
+    assert (node.faults(), node.u32(sig).value) == (counted, signalled), policy
+    assert "freed BO" in node.n.stats.faults[-1]
+    node.n.close()
+  err = capsys.readouterr().err
+  assert err.count("[emu dmesg] *** gpu fault") == 1 and "not counted in FAULTS" in err
+
+
+def test_cp_fetch_fault_is_a_hang_under_either_policy():
+  """The CP cannot run past a fault on its own fetch (an IB in a freed BO): the ring stalls and hangcheck recovers it, counted."""
+  for policy in ("kernel", "strict"):
+    node = Node(fault_policy=policy)
+    cmd, _, _ = node.new()
+    sig, _, sig_iova = node.new()
+    gone, _, gone_iova = node.new()
+    node.n.ioctl(u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=gone))
+    node.wait(node.submit(cmd, pkt(mesa.CP_INDIRECT_BUFFER, *lohi(gone_iova), 4) + flush_ts(sig_iova, 7), [cmd, sig]))
+    assert node.faults() == 1 and node.u32(sig).value == 0, policy
+    assert "indirect buffer" in node.n.stats.reported[-1] and "a hang" in node.n.stats.reported[-1]
+    node.n.close()
+
+
+def test_page_fault_log_is_bounded(capsys):
+  """A fault every frame for hours must not grow the node's log or flood stderr (the kernel rate-limits its messages too)."""
+  node = Node()
+  node.n.stats.keep = 10
+  cmd, _, _ = node.new()
+  gone, _, gone_iova = node.new()
+  node.n.ioctl(u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=gone))
+  for _ in range(40):
+    node.wait(node.submit(cmd, flush_ts(gone_iova, 1), [cmd]))
+  assert node.n.stats.page_faults == 40 and len(node.n.stats.faults) == 10 and node.faults() == 0
+  assert capsys.readouterr().err.count("[emu dmesg]") == 5
+  node.n.close()
+
+
+def test_strict_fault_policy_from_env(monkeypatch):
+  monkeypatch.setenv("EMU_STRICT_FAULTS", "1")
+  n = RenderNode()
+  assert n.fault_policy == "strict"
+  n.close()
+  with pytest.raises(ValueError):
+    RenderNode(fault_policy="lenient")
 
 
 def test_bad_packets_fault_and_retire(node):
@@ -261,3 +342,88 @@ def test_cpu_prep_waits_for_the_bo_and_prime_round_trips(node):
     assert back.handle == sig
   finally:
     os.close(p.fd)
+
+
+def _memfds() -> int:
+  n = 0
+  for fd in os.listdir("/proc/self/fd"):
+    try:
+      n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:msm-bo")
+    except OSError:
+      pass
+  return n
+
+
+def test_memory_budget_refuses_gem_new_with_enomem_and_recovers():
+  """A real limit, not an injected errno: past the node's budget GEM_NEW is ENOMEM (the kernel's shmem accounting when memory
+  is short), the refused call leaves no handle, memfd or accounted byte behind, and freeing a BO makes room again."""
+  fds0 = _memfds()
+  node = Node(mem_limit=3 * 0x1000)
+  a, _, _ = node.new()
+  b, _, _ = node.new(0x2000)
+  assert node.n.mem_used == 3 * 0x1000
+  with pytest.raises(OSError) as e:
+    node.new()
+  assert e.value.errno == errno.ENOMEM and "EMU_MEM_LIMIT_MB" in str(e.value)
+  assert "0.01 of the node's 0.01 MiB" in str(e.value)
+  assert node.n.live_handles == 2 and node.n.mem_used == 3 * 0x1000 and _memfds() == fds0 + 2
+  node.n.ioctl(u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=b))
+  assert node.n.mem_used == 0x1000
+  c, _, _ = node.new(0x2000)   # room again
+  assert node.n.live_handles == 2
+  node.n.mem_limit = None      # settable at run time: lifted
+  node.new(0x10000)
+  node.n.close()
+  assert _memfds() == fds0 and node.n.mem_used == 0
+
+
+def test_memory_budget_counts_bos_pinned_by_unretired_jobs():
+  """A closed BO that a pending job lists keeps its backing until the job retires (msm-kernel-rules.md, GEM: in-flight submits
+  hold references to their BOs), so it keeps its place in the budget until then."""
+  node = Node(mem_limit=3 * 0x1000)
+  cmd, _, _ = node.new()
+  sig, _, sig_iova = node.new()
+  gate, _, gate_iova = node.new()
+  f = node.submit(cmd, wait_ge(gate_iova, 1) + flush_ts(sig_iova, 1), [cmd, sig, gate])
+  node.n.ioctl(u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=sig))
+  with pytest.raises(OSError) as e:
+    node.new()
+  assert e.value.errno == errno.ENOMEM
+  node.u32(gate).value = 1
+  node.wait(f)
+  node.new()   # retired: the closed BO's memory is back
+  node.n.close()
+
+
+def test_memory_budget_from_env(monkeypatch):
+  monkeypatch.setenv("EMU_MEM_LIMIT_MB", "1.5")
+  n = RenderNode()
+  assert n.mem_limit == 3 << 19
+  n.close()
+  monkeypatch.setenv("EMU_MEM_LIMIT_MB", "lots")
+  with pytest.raises(ValueError, match="EMU_MEM_LIMIT_MB must be a number of MiB, not 'lots'"):
+    RenderNode()
+  monkeypatch.delenv("EMU_MEM_LIMIT_MB")
+  assert RenderNode().mem_limit is None
+  with pytest.raises(ValueError, match="mem_limit must be >= 0"):
+    RenderNode(mem_limit=-1)
+
+
+def test_delayed_job_times_out_waits_then_retires():
+  """delay_jobs: a really slow job. A WAIT_FENCE whose deadline falls before it is done is ETIMEDOUT (not injected: the fence is
+  simply not signalled), the job behind it waits too, and both retire once the time is up."""
+  node = Node()
+  cmd, _, _ = node.new()
+  sig, _, sig_iova = node.new()
+  node.n.delay_jobs(0.3)
+  f1 = node.submit(cmd, flush_ts(sig_iova, 1), [cmd, sig])
+  f2 = node.submit(cmd, flush_ts(sig_iova, 2), [cmd, sig], offset=0x100)
+  t0 = time.monotonic()
+  with pytest.raises(OSError) as e:
+    node.wait(f2, timeout_ms=50)
+  assert e.value.errno == errno.ETIMEDOUT and node.u32(sig).value == 0 and node.n.pending_jobs == 2
+  node.wait(f2, timeout_ms=1000)
+  assert 0.25 < time.monotonic() - t0 < 1.0 and node.u32(sig).value == 2 and node.faults() == 0 and f1 < f2
+  with pytest.raises(ValueError):
+    node.n.delay_jobs(-1)
+  node.n.close()

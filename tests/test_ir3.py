@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 
 import numpy as np
 import pytest
@@ -294,27 +295,60 @@ def test_tinyjit_replays_with_changing_input_buffers():
 
 # ---- faults ----
 
+def _bend(d):
+  """Tamper hook: the first buffer pointer of tinygrad's IR3 kernels (c0.x/c0.y; see consts layout) moved 1 MiB past its buffer."""
+  c = bytearray(d.consts)
+  lo = int.from_bytes(c[0:4], "little")
+  c[0:4] = ((lo + (1 << 20)) & 0xffffffff).to_bytes(4, "little")
+  return dataclasses.replace(d, consts=bytes(c))
+
+
+@contextlib.contextmanager
+def fault_policy(node, policy: str):
+  """The shared node's fault policy for the block (read per job, so switching between steps is safe)."""
+  was = node.fault_policy
+  node.fault_policy = policy
+  try:
+    yield node
+  finally:
+    node.fault_policy = was
+
+
 def test_pointer_outside_the_submit_faults_and_names_the_kernel():
   """A global load through a pointer the kernel was not given (a constant bent by 1 MiB past its buffer) is a GPU fault in
   strict mode, reported through the MSM fault path with the kernel and the instruction."""
   from tinygrad import Tensor
 
   from backend.msm import MSMFault
-  with executing() as node:
+  with executing() as node, fault_policy(node, "strict"):
     a = Tensor(np.arange(64, dtype=np.float32), device="QCOM").realize()
-
-    def bend(d):
-      c = bytearray(d.consts)
-      lo = int.from_bytes(c[0:4], "little")   # the first buffer pointer of tinygrad's IR3 kernels (c0.x/c0.y; see consts layout)
-      c[0:4] = ((lo + (1 << 20)) & 0xffffffff).to_bytes(4, "little")
-      return dataclasses.replace(d, consts=bytes(c))
-    node.tamper = bend
+    node.tamper = _bend
     try:
       with pytest.raises(MSMFault, match="instruction .*(ldg|stg).*(no mapped BO|not listed|past the end)"):
         (a * 2).numpy()
     finally:
       node.tamper = None
     assert np.array_equal((a * 2).numpy(), np.arange(64) * 2.0)   # the device stays usable
+
+
+def test_pointer_fault_without_hang_returns_a_wrong_answer():
+  """The default (kernel) policy, like msm: the same bent pointer is a page fault that does not hang, so the step returns with
+  no error and an unchanged FAULTS count, and the output is wrong; only the node's log names the kernel and the instruction."""
+  from tinygrad import Tensor
+  with executing() as node, fault_policy(node, "kernel"):
+    it = _emu().iface
+    a = Tensor(np.arange(64, dtype=np.float32), device="QCOM").realize()
+    want = np.arange(64) * 3.0 + 1
+    faults, page = it._fault_count(), node.stats.page_faults
+    node.tamper = _bend
+    try:
+      got = (a * 3 + 1).numpy()   # returns: no MSMFault, no timeout
+    finally:
+      node.tamper = None
+    assert it._fault_count() == faults and node.stats.page_faults > page
+    assert re.search(r"page fault, no hang \(not reported\): kernel .*instruction .*(ldg|stg)", node.stats.faults[-1])
+    assert not np.array_equal(got, want)   # the faulting dispatch's work is lost: nothing in the UAPI said so
+    assert np.array_equal((a * 3 + 1).numpy(), want)
 
 
 def test_unimplemented_instruction_is_a_clear_error():

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from test_ir3 import executing
+from test_ir3 import executing, fault_policy
 
 from selfdrive_glue.nv12 import nv12_info
 
@@ -111,8 +111,10 @@ def _flip_first_mad_source(kernel_has: str = "mad.f32"):
 
 
 def _worst_excess_when_tampered(tamper, artifact, cpu_reference, monkeypatch) -> float:
-  """The car's program run with `tamper` rewriting its dispatches: how far its raw outputs leave the fp16 bound (> 0: out)."""
-  with executing() as node:
+  """The car's program run with `tamper` rewriting its dispatches: how far its raw outputs leave the fp16 bound (> 0: out).
+  Strict fault policy: a tamper that made the GPU fault must raise, not pass as "outputs left the bound" (under the kernel
+  policy a page fault is silent and abandons the dispatch, which would break the outputs for another reason)."""
+  with executing() as node, fault_policy(node, "strict"):
     node.tamper = tamper
     try:
       got = _steps(artifact, monkeypatch, "EMU+QCOM:IR3", _frames(3))
@@ -152,7 +154,7 @@ def test_locator_names_the_first_divergent_kernel():
   rng = np.random.default_rng(0)
   x, w = rng.standard_normal((1, 12, 16, 32)).astype(np.float32), rng.standard_normal((16, 12, 3, 3)).astype(np.float32)
   tamper, hit = _flip_first_mad_source()
-  with executing() as node, Context(FLOAT16=1, NOLOCALS=1, IMAGE=2):
+  with executing() as node, fault_policy(node, "strict"), Context(FLOAT16=1, NOLOCALS=1, IMAGE=2):   # a fault raises, not diverges
     xt, wt = Tensor(x, device="QCOM").realize(), Tensor(w, device="QCOM").realize()
     assert first_divergent_kernel(lambda: xt.conv2d(wt, padding=1).relu().numpy(), node) is None
     node.tamper = tamper

@@ -18,7 +18,13 @@ from backend.emu import pm4
 
 
 class GpuFault(Exception):
-  """What the GPU did wrong on this job; the node records it like an SMMU/hang fault and retires the job."""
+  """What the GPU did wrong on this job; the node records it and retires the job (a hang: the queue's fault count rises)."""
+  page = False   # an SMMU page fault: on the msm kernel it does not hang the GPU and is not counted (RenderNode fault_policy)
+
+
+class PageFault(GpuFault):
+  """An access the SMMU refuses (unmapped, freed, past a BO's end, or, strict, in a BO not listed in the submit)."""
+  page = True
 
 
 class Memory(Protocol):
@@ -70,11 +76,24 @@ class ExecState:
   loads: dict[tuple[int, int], tuple[int, bytes]] = field(default_factory=dict)   # (block, type) -> (iova, bytes)
 
 
+def _cp_stalls(e: GpuFault) -> GpuFault:
+  """A page fault on the CP's own fetch (its commands, an IB, a wait address): it cannot run past that, so the ring stalls
+  and the kernel's hangcheck recovers it, a counted hang under either fault policy (unlike a packet's or a shader's access)."""
+  if not e.page:
+    return e
+  return GpuFault(f"{e}; the CP cannot fetch past it (a hang)")
+
+
 class Executor:
   def __init__(self, on_dispatch: Callable[[Dispatch], None], pointer_check: Callable[[bytes, str], None] | None = None,
-               shader_exec: Callable[[Dispatch, Memory], None] | None = None):
+               shader_exec: Callable[[Dispatch, Memory], None] | None = None,
+               on_page_fault: Callable[[GpuFault], None] | None = None):
+    """on_page_fault: set, a page fault in a packet's effect (a memory write, a state load, a dispatch or its shader) is handed to
+    it and the packet is abandoned while the job runs on, as the msm kernel lets the GPU resume after an SMMU fault that does
+    not hang it; unset, the fault ends the job (raised from run())."""
     self.regs: dict[int, int] = {}
     self.on_dispatch, self.pointer_check, self.shader_exec = on_dispatch, pointer_check, shader_exec
+    self.on_page_fault = on_page_fault
 
   def run(self, st: ExecState, mem: Memory) -> bool:
     """Runs until the job ends (True) or parks on an unmet CP_WAIT_REG_MEM (False). Raises GpuFault / pm4.PM4Error."""
@@ -83,23 +102,40 @@ class Executor:
       if fr.pos >= fr.dwords:
         st.frames.pop()
         continue
-      dw = mem.view(fr.iova, fr.dwords * 4, "command buffer").cast("I")
+      try:
+        dw = mem.view(fr.iova, fr.dwords * 4, "command buffer").cast("I")
+      except GpuFault as e:
+        raise _cp_stalls(e) from None
       while fr.pos < fr.dwords:
         p = pm4.decode(dw, fr.pos)
         if p.kind == 4:
           for i, v in enumerate(p.payload):
             self.regs[p.code + i] = v
         elif p.code == mesa.CP_WAIT_REG_MEM:
-          if not self._wait_met(pm4.wait_reg_mem(p), mem):
+          try:
+            met = self._wait_met(pm4.wait_reg_mem(p), mem)
+          except GpuFault as e:
+            raise _cp_stalls(e) from None
+          if not met:
             return False
         elif p.code == mesa.CP_INDIRECT_BUFFER:
           fr.pos += p.size
           ib, n = pm4.indirect_buffer(p)
-          mem.check(ib, n * 4, "indirect buffer")
+          try:
+            mem.check(ib, n * 4, "indirect buffer")
+          except GpuFault as e:
+            raise _cp_stalls(e) from None
           st.frames.append(Frame(ib, n))
           break
         else:
-          self._execute(p, st, mem)
+          try:
+            self._execute(p, st, mem)
+          except GpuFault as e:
+            if not e.page or self.on_page_fault is None:
+              raise
+            # the access is dropped (here: the rest of this packet, e.g. the rest of a dispatch) and the ring runs on, so the
+            # job's later packets (its signal writes) still happen: the fence retires and the CPU's wait returns
+            self.on_page_fault(e)
         fr.pos += p.size
     return True
 

@@ -14,6 +14,7 @@ import itertools
 import mmap
 import os
 import struct
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from tinygrad.runtime.support.hcq import FileIOInterface
 
 from backend import uapi as u
 from backend.emu import pm4
-from backend.emu.executor import Dispatch, ExecState, Executor, Frame, GpuFault, always_on_counter
+from backend.emu.executor import Dispatch, ExecState, Executor, Frame, GpuFault, PageFault, always_on_counter
 from backend.emu.iova import PAGE, IovaWindow
 from backend.emu.ir3.execute import Counts, run_dispatch
 from backend.intervals import IntervalIndex
@@ -38,6 +39,8 @@ _INFO_WITH_LEN = (u.MSM_INFO_SET_NAME, u.MSM_INFO_GET_NAME)
 FENCE_ID_MAX = 0x7fffffff
 # the CP's IB size field: the kernel writes the dword count unchecked and the hardware keeps the low 20 bits
 _IB_DWORDS_MASK = (1 << 20) - 1
+# page faults the kernel policy prints to stderr (its dmesg): the first few, then one in so many, as the kernel rate-limits them
+_DMESG_FIRST, _DMESG_EVERY = 5, 1000
 
 
 def _fence_newer(a: int, b: int) -> bool:
@@ -88,6 +91,7 @@ class Job:
   bos: list[GemObject]
   state: ExecState
   listed: frozenset = frozenset()
+  ready_ns: int = 0          # CLOCK_MONOTONIC ns before which the job cannot retire (delay_jobs: a slow GPU job); 0: no delay
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,10 @@ class Injected:
 class Stats:
   submits: int = 0
   dispatches: int = 0
-  faults: list[str] = field(default_factory=list)
+  faults: list[str] = field(default_factory=list)     # every fault the node saw, reported or not (the newest `keep`)
+  reported: list[str] = field(default_factory=list)   # those counted in the queue's FAULTS (hangs; page faults too when strict)
+  page_faults: int = 0                                # page faults let through under the kernel policy, all of them
+  keep: int = 1000
 
 
 class _JobMemory:
@@ -122,12 +129,12 @@ class _JobMemory:
     hit = self.node._by_iova.find(iova)
     if hit is None:
       old = self.node._closed.find(iova)
-      raise GpuFault(f"{what} at {iova:#x} hits " + (f"freed BO (was handle {old[2]})" if old else "no mapped BO") + " (SMMU fault)")
+      raise PageFault(f"{what} at {iova:#x} hits " + (f"freed BO (was handle {old[2]})" if old else "no mapped BO") + " (SMMU fault)")
     start, _, gem = hit
     if iova + size > start + gem.size:
-      raise GpuFault(f"{what} at {iova:#x}+{size:#x} runs past the end of BO handle {gem.handle}")
+      raise PageFault(f"{what} at {iova:#x}+{size:#x} runs past the end of BO handle {gem.handle}")
     if self.node.strict and gem not in self.job.listed:
-      raise GpuFault(f"strict: {what} at {iova:#x} lies in BO handle {gem.handle}, which is not listed in this submit")
+      raise PageFault(f"strict: {what} at {iova:#x} lies in BO handle {gem.handle}, which is not listed in this submit")
     return gem, iova - start
 
   def check(self, iova: int, size: int, what: str) -> None:
@@ -148,9 +155,9 @@ class _JobMemory:
         continue
       if (hit := self.node._by_iova.find(v)) is not None:
         if hit[2] not in self.job.listed:
-          raise GpuFault(f"strict: pointer {v:#x} in the {what} lies in BO handle {hit[2].handle}, which is not listed in this submit")
+          raise PageFault(f"strict: pointer {v:#x} in the {what} lies in BO handle {hit[2].handle}, which is not listed in this submit")
       elif (old := self.node._closed.find(v)) is not None:
-        raise GpuFault(f"strict: pointer {v:#x} in the {what} lies in freed BO (was handle {old[2]})")
+        raise PageFault(f"strict: pointer {v:#x} in the {what} lies in freed BO (was handle {old[2]})")
 
 
 class RenderNode(FileIOInterface):
@@ -161,9 +168,29 @@ class RenderNode(FileIOInterface):
 
   def __init__(self, strict: bool = True, va_start: int = 0x1_0000_0000, va_size: int = 1 << 32, version: tuple[int, int, int] = (1, 12, 0),
                chip_id: int = u.ADRENO_630_CHIP_ID, priorities: int = 3, history: int = 256, execute: bool = False, first_fence: int = 1,
-               per_process_pgtables: bool = True):
+               per_process_pgtables: bool = True, fault_policy: str | None = None, mem_limit: int | None = None):
     """first_fence: the id each queue's fence allocator hands out first (tests start it near the wrap). per_process_pgtables=False
-    is a kernel/IOMMU without them: VA_START/VA_SIZE are EINVAL and SET_IOVA is EOPNOTSUPP."""
+    is a kernel/IOMMU without them: VA_START/VA_SIZE are EINVAL and SET_IOVA is EOPNOTSUPP.
+    fault_policy "kernel" (default) does what msm does: a page fault that does not hang the GPU is logged (stats.faults) and
+    the job retires as if fine, with no FAULTS count; "strict" counts it like a hang, for tests that must see it
+    (default from env EMU_STRICT_FAULTS=1). Injected faults, faults on the CP's own fetches (commands, IBs, wait addresses) and
+    faults the emulator cannot run past (bad packets, unimplemented instructions) are hangs either way.
+    mem_limit: bytes of BO memory this node may hold (default from env EMU_MEM_LIMIT_MB; None: no limit); GEM_NEW past it is
+    ENOMEM, as the kernel's shmem accounting refuses a BO when memory is short. Settable at run time (`mem_limit`)."""
+    fault_policy = fault_policy or ("strict" if os.environ.get("EMU_STRICT_FAULTS", "0") not in ("", "0") else "kernel")
+    if fault_policy not in ("kernel", "strict"):
+      raise ValueError(f"fault_policy must be 'kernel' or 'strict', not {fault_policy!r}")
+    self.fault_policy = fault_policy
+    if mem_limit is None and (env := os.environ.get("EMU_MEM_LIMIT_MB", "")):
+      try:
+        mem_limit = int(float(env) * (1 << 20))
+      except ValueError:
+        raise ValueError(f"EMU_MEM_LIMIT_MB must be a number of MiB, not {env!r}") from None
+    if mem_limit is not None and mem_limit < 0:
+      raise ValueError(f"mem_limit must be >= 0 bytes, not {mem_limit}")
+    self.mem_limit: int | None = mem_limit
+    self.mem_used = 0   # bytes of BO backing held: open BOs and closed ones still pinned by unretired jobs
+    self._job_delays: collections.deque[float] = collections.deque()   # delay_jobs(): seconds for each next submitted job
     self.path, self.strict, self.version, self.chip_id, self.priorities = "emu:/dev/dri/renderD128", strict, version, chip_id, priorities
     self.first_fence, self.per_process_pgtables = first_fence, per_process_pgtables
     self._ring_ctx = False   # whether the ring last ran this file's context (decides whether CTX_RESTORE_BUF commands run)
@@ -205,6 +232,8 @@ class RenderNode(FileIOInterface):
     self.close()
 
   def close(self) -> None:
+    if not hasattr(self, "_gems"):
+      return   # __init__ refused its arguments before allocating anything (called again from __del__)
     for gem in list(self._gems.values()) + [g for j in self._ring for g in j.bos]:
       gem.open, gem.pins = False, 0
       self._release(gem)
@@ -218,6 +247,13 @@ class RenderNode(FileIOInterface):
   def inject(self, ioctl: str, code: int, count: int = 1) -> None:
     """The next `count` calls of ioctl (e.g. "GEM_NEW", "GEM_SUBMIT", "WAIT_FENCE") fail with errno `code`."""
     self._injected[ioctl] = Injected(code, count)
+
+  def delay_jobs(self, seconds: float, count: int = 1) -> None:
+    """The next `count` submitted jobs take `seconds` of GPU time before they can retire (a really slow job: a WAIT_FENCE with
+    an earlier deadline times out for real). Their work runs when the time is up, in ring order, so jobs behind wait too."""
+    if seconds < 0 or count < 1:
+      raise ValueError(f"delay_jobs needs seconds >= 0 and count >= 1, not {seconds}, {count}")
+    self._job_delays.extend([seconds] * count)
 
   def inject_gpu_fault(self, what: str = "injected SMMU fault") -> None:
     """The next job to run faults at once, none of its writes done (counted by SUBMITQUEUE_QUERY(FAULTS))."""
@@ -300,8 +336,13 @@ class RenderNode(FileIOInterface):
   def _progress(self) -> None:
     while self._ring:
       job = self._ring[0]
+      if job.ready_ns and time.clock_gettime_ns(time.CLOCK_MONOTONIC) < job.ready_ns:
+        return   # the GPU is still busy with it (delay_jobs)
       mem = _JobMemory(self, job)
       self.executor.pointer_check = mem.pointers if self.strict else None
+      # kernel policy: msm's fault_worker logs a page fault and the GPU resumes (the executor abandons only the faulting
+      # packet); only recover_worker, after a hang, bumps the count userspace reads. Strict: the fault ends the job, counted.
+      self.executor.on_page_fault = (lambda e, job=job: self._log_page_fault(job, e)) if self.fault_policy == "kernel" else None
       fault = self._gpu_faults.pop(0) if self._gpu_faults else None   # an injected fault kills the job before it writes anything
       if fault is None:
         try:
@@ -312,6 +353,7 @@ class RenderNode(FileIOInterface):
       if fault is not None:
         job.queue.faults += 1
         self.stats.faults.append(f"queue {job.queue.id} fence {job.fence}: {fault}")
+        self.stats.reported.append(self.stats.faults[-1])
       self._ring.popleft()
       job.queue.retired = job.fence
       job.queue.live.discard(job.fence)
@@ -320,11 +362,21 @@ class RenderNode(FileIOInterface):
         if not gem.open and gem.pins == 0:
           self._release(gem)
 
+  def _log_page_fault(self, job: Job, e: GpuFault) -> None:
+    """The kernel's side of a page fault without a hang: a line in its log (dmesg, rate-limited there too), nothing in the UAPI."""
+    self.stats.faults.append(f"queue {job.queue.id} fence {job.fence}: page fault, no hang (not reported): {e}")
+    self.stats.page_faults += 1
+    if len(self.stats.faults) > self.stats.keep:   # a fault every frame must not grow the log for hours
+      del self.stats.faults[0]
+    if self.stats.page_faults <= _DMESG_FIRST or self.stats.page_faults % _DMESG_EVERY == 0:
+      print(f"[emu dmesg] *** gpu fault (#{self.stats.page_faults}, not counted in FAULTS): {str(e).splitlines()[0]}", file=sys.stderr)
+
   def _release(self, gem: GemObject) -> None:
     if gem.host:
       libc.munmap(gem.host, _round_page(gem.size))
       os.close(gem.memfd)
       gem.host = 0
+      self.mem_used -= gem.size
     if gem.iova:
       self._by_iova.remove(gem.iova)
       self.window.release(gem.iova, gem.size)
@@ -384,6 +436,10 @@ class RenderNode(FileIOInterface):
     if (a.flags & u.MSM_BO_CACHE_MASK) not in _CACHE_MODES:
       raise _err(errno.EINVAL, f"GEM_NEW flags {a.flags:#x} name {'no' if not a.flags & u.MSM_BO_CACHE_MASK else 'more than one'} cache mode")
     size = _round_page(a.size)
+    if self.mem_limit is not None and self.mem_used + size > self.mem_limit:
+      # checked before anything is made, so a refused GEM_NEW leaves no memfd, mapping or handle behind
+      raise _err(errno.ENOMEM, f"GEM_NEW of {size:#x} bytes: {self.mem_used / 2**20:.2f} of the node's {self.mem_limit / 2**20:.2f} MiB "
+                               f"in use (EMU_MEM_LIMIT_MB)")
     fd = os.memfd_create("msm-bo", os.MFD_CLOEXEC)
     try:
       os.ftruncate(fd, size)
@@ -394,6 +450,7 @@ class RenderNode(FileIOInterface):
       os.close(fd)
       raise
     gem = GemObject(next(self._handles), size, a.flags, fd, self._next_offset, host)
+    self.mem_used += size
     self._next_offset += size + PAGE
     self._gems[gem.handle], self._by_offset[gem.mmap_offset] = gem, gem
     a.handle = gem.handle
@@ -493,7 +550,8 @@ class RenderNode(FileIOInterface):
     self.stats.submits += 1
     self.submits.append(SubmitRecord(q.id, fence, tuple(b.handle for b in bos), tuple(b.flags for b in bos),
                                      tuple((gems[c.submit_idx].handle, c.submit_offset, c.size) for c in cmds)))
-    self._ring.append(Job(q, fence, gems, ExecState(frames[::-1]), frozenset(gems)))
+    ready = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(self._job_delays.popleft() * 1e9)) if self._job_delays else 0
+    self._ring.append(Job(q, fence, gems, ExecState(frames[::-1]), frozenset(gems), ready))
 
   def _wait_fence(self, a: u.drm_msm_wait_fence) -> None:
     if a.flags & ~u.MSM_WAIT_FENCE_FLAGS:

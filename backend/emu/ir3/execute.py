@@ -220,7 +220,9 @@ class Batch:
       except GpuFault as e:
         if isinstance(e, ShaderFault):
           raise
-        raise self.fault(pc, str(e)) from None
+        f = self.fault(pc, str(e))
+        f.page = e.page   # still a page fault, now naming the kernel
+        raise f from None
       if pcs is None:
         pc = nxt
       else:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from tinygrad.runtime.autogen import mesa
 
-from backend.emu.executor import Dispatch, GpuFault
+from backend.emu.executor import Dispatch, GpuFault, PageFault
 from backend.emu.pm4 import field as _f
 
 
@@ -61,7 +61,7 @@ class GlobalMemory:
       offs = (addr[inside] - np.uint64(start)).astype(np.int64)
       if int(offs.max()) + nbytes > arr.size:
         bad = int(addr[inside][np.argmax(offs)])
-        raise GpuFault(f"{what} at {bad:#x}+{nbytes} runs past the end of its BO (ends at {start + arr.size:#x})")
+        raise PageFault(f"{what} at {bad:#x}+{nbytes} runs past the end of its BO (ends at {start + arr.size:#x})")
       yield inside, arr, offs
       left &= ~inside
 
@@ -78,7 +78,7 @@ class GlobalMemory:
   def array(self, iova: int, nbytes: int, what: str) -> np.ndarray:
     start, arr = self._region(iova, what)
     if iova - start + nbytes > arr.size:
-      raise GpuFault(f"{what} at {iova:#x}+{nbytes:#x} runs past the end of its BO")
+      raise PageFault(f"{what} at {iova:#x}+{nbytes:#x} runs past the end of its BO")
     return arr[iova - start:iova - start + nbytes]
 
 
