@@ -2,7 +2,10 @@
 
   demo_camera (rendered road + wide frames, sensor services)  --VisionIPC/msgq-->  modeld  --msgq-->  listener (here)
 
-Ends with a summary table, demo-out/summary.json and demo-out/plan.png.
+Ends with a summary table, demo-out/summary.json and demo-out/plan.png. The renderer knows what it drew, so every
+modelV2 is also held to the truth of its frame (modeld_msm/replay_accuracy.py): lane lines at 20 m in metres and
+desiredCurvature against the curvature the ego path has at modeld's lateral action time. The models are the trained
+tiny stand-in by default (its outputs mean something), or random weights (`--random-weights`, plumbing only).
 """
 from __future__ import annotations
 
@@ -34,16 +37,25 @@ class DemoOptions:
   camera: str = "1928x1208"
   device: str = "CPU"
   seed: int = 0
+  random_weights: bool = False  # the random-weight reference models instead of the trained stand-in (tiny only has one)
 
 
-def cached_artifact(size: str, camera: str, device: str, log=print) -> Path:
-  """Reference models -> artifact, cached under ~/.cache/modeld-msm by the hash of everything that shapes it."""
+def weights_name(opts: DemoOptions) -> str:
+  return "stand-in" if not opts.random_weights and not opts.full else "random"
+
+
+def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bool = False) -> Path:
+  """Reference models -> artifact, cached under ~/.cache/modeld-msm by the hash of everything that shapes it.
+  stand_in: the trained tiny stand-in weights instead of random ones (compile.refmodels.write_models)."""
   from compile.artifact import ArtifactError, installed_versions, verify_artifact
   from compile.refmodels import write_models
   from selfdrive_glue.nv12 import parse_camera
   with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
-    models = write_models(td, size=size, seed=0)
+    models = write_models(td, size=size, seed=0, stand_in=stand_in)
     h = hashlib.sha256()
+    # the weights' bytes are hashed below as well; naming them keeps the two kinds apart even by directory name
+    weights = "standin" if stand_in else "random"
+    h.update(weights.encode())
     for kind in ("vision", "policy"):
       h.update(models[kind].path.read_bytes())
     from compile.precision import choose
@@ -51,14 +63,14 @@ def cached_artifact(size: str, camera: str, device: str, log=print) -> Path:
     # the program is built by our own code too: a change there must not reuse a stale artifact
     for src in sorted((Path(__file__).resolve().parents[1] / "compile").glob("*.py")):
       h.update(src.read_bytes())
-    art = CACHE / f"artifact-{size}-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
+    art = CACHE / f"artifact-{size}-{weights}-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
     try:
       verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera))
       log(f"[demo] using cached artifact {art}")
       return art
     except ArtifactError:
       pass
-    log(f"[demo] compiling the {size} reference models for {camera} on {device} (cached afterwards)")
+    log(f"[demo] compiling the {size} reference models ({weights} weights) for {camera} on {device} (cached afterwards)")
     from compile.build import compile_artifact
     t = time.perf_counter()
     report = compile_artifact(models["vision"].path, models["policy"].path, parse_camera(camera), device, art, log=log)
@@ -84,7 +96,8 @@ class Trace:
   exec_ms: list[float] = field(default_factory=list)
   latency_ms: list[float] = field(default_factory=list)
   drop_perc: list[float] = field(default_factory=list)
-  lane_y: list[list[float]] = field(default_factory=list)      # 4 lane lines, y at ~20 m
+  lane_y: list[list[float]] = field(default_factory=list)      # 4 lane lines, y at 20 m
+  lane_lines: list[np.ndarray] = field(default_factory=list)   # (4, 33) lane line y on X_IDXS, for the truth comparison
   plan_y: list[float] = field(default_factory=list)            # plan lateral position at ~20 m
   curvature: list[float] = field(default_factory=list)
   accel: list[float] = field(default_factory=list)
@@ -93,13 +106,16 @@ class Trace:
 
 def _record(trace: Trace, m, t: float, valid: bool) -> None:
   from modeld_msm.constants import X_IDXS
-  k = int(np.searchsorted(X_IDXS, 20.0))
+  from modeld_msm.replay_accuracy import lane_lines_y
   trace.t.append(t)
   trace.frame_id.append(m.frameId)
   trace.exec_ms.append(m.modelExecutionTime * 1e3)
   trace.latency_ms.append((time.monotonic_ns() - m.timestampEof) / 1e6)
   trace.drop_perc.append(m.frameDropPerc)
-  trace.lane_y.append([float(ll.y[k]) if len(ll.y) > k else float("nan") for ll in m.laneLines])
+  lanes = lane_lines_y(m.laneLines)
+  trace.lane_lines.append(lanes)
+  # at 20 m exactly (between grid points), where the truth is compared
+  trace.lane_y.append([float(np.interp(20.0, X_IDXS, ll)) for ll in lanes] if lanes.shape == (4, 33) else [float("nan")] * 4)
   px, py = list(m.position.x), list(m.position.y)
   trace.plan_y.append(float(np.interp(20.0, px, py)) if px else float("nan"))
   trace.curvature.append(m.action.desiredCurvature)
@@ -110,7 +126,8 @@ def _record(trace: Trace, m, t: float, valid: bool) -> None:
 def run_demo(opts: DemoOptions) -> dict:
   from tqdm import tqdm
   opts.out.mkdir(parents=True, exist_ok=True)
-  art = cached_artifact("full" if opts.full else "tiny", opts.camera, opts.device)
+  size = "full" if opts.full else "tiny"
+  art = cached_artifact(size, opts.camera, opts.device, stand_in=not opts.random_weights and size == "tiny")
   prefix = f"demo{uuid.uuid4().hex[:8]}"
   env = dict(os.environ, OPENPILOT_PREFIX=prefix, PYTHONUNBUFFERED="1")
   os.environ["OPENPILOT_PREFIX"] = prefix  # the listener in this process uses the same namespace
@@ -171,12 +188,36 @@ def run_demo(opts: DemoOptions) -> dict:
       f.close()
   cam_stats = json.loads(stats_file.read_text()) if stats_file.exists() else {"frames_sent": None, "late_frames": None}
   stats_file.unlink(missing_ok=True)
-  summary = summarize(trace, counts, cam_stats, rss_start, rss_end, art, opts)
+  truth = against_truth(trace, opts)
+  summary = summarize(trace, counts, cam_stats, rss_start, rss_end, art, opts) | truth.summary
   tmp = opts.out / "summary.json.tmp"
   tmp.write_text(json.dumps(summary, indent=1))
   os.replace(tmp, opts.out / "summary.json")
-  plot(trace, opts.out / "plan.png", summary)
+  plot(trace, opts.out / "plan.png", summary, truth.trace)
   return summary
+
+
+@dataclass
+class TruthTrace:
+  summary: dict                                              # summary.json's accuracy fields
+  trace: dict[str, np.ndarray] = field(default_factory=dict)  # per received message: lane_y (n, 4) at 20 m, curvature (n,)
+
+
+def against_truth(trace: Trace, opts: DemoOptions) -> TruthTrace:
+  """Each modelV2 against what the renderer drew in its frame (demo_camera.scene_time of its frameId)."""
+  from modeld_msm.accuracy import LANE_ERROR_DISTANCE
+  from modeld_msm.demo_camera import LATERAL_DELAY, scene_time
+  from modeld_msm.replay_accuracy import TruthSource, evaluate, json_number, lat_action_t
+  lat_t = lat_action_t(LATERAL_DELAY)
+  source = TruthSource(opts.seed, opts.camera, {fid: (scene_time(fid), lat_t) for fid in trace.frame_id})
+  ev = evaluate(source, zip(trace.frame_id, trace.lane_lines, trace.curvature), "demo")
+  s = ev.summary
+  summary = {"weights": weights_name(opts), "accuracy_frames": s["frames"], "accuracy_skipped_frames": s["skipped_frames"],
+             **{k: json_number(s[k]) for k in ("lane_error_m_p50", "lane_error_m_p90", "curvature_corr", "curvature_mae")},
+             "accuracy_passes": s["passes"]}
+  truths = [ev.truths[fid] for fid in trace.frame_id]
+  return TruthTrace(summary, {"lane_y": np.array([tr.lane_y_at(LANE_ERROR_DISTANCE) for tr in truths]).reshape(-1, 4),
+                              "curvature": np.array([tr.desired_curvature for tr in truths])})
 
 
 def summarize(trace: Trace, counts, cam_stats, rss_start, rss_end, art: Path, opts: DemoOptions) -> dict:
@@ -201,7 +242,8 @@ def summarize(trace: Trace, counts, cam_stats, rss_start, rss_end, art: Path, op
   }
 
 
-def plot(trace: Trace, path: Path, summary: dict) -> None:
+def plot(trace: Trace, path: Path, summary: dict, truth: dict[str, np.ndarray] | None = None) -> None:
+  """Predictions solid, the renderer's truth dashed in the same colour."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -210,9 +252,13 @@ def plot(trace: Trace, path: Path, summary: dict) -> None:
   if len(t):
     lanes = np.array(trace.lane_y)
     for i in range(lanes.shape[1]):
-      ax[0].plot(t, lanes[:, i], lw=1, label=f"lane line {i}")
+      line, = ax[0].plot(t, lanes[:, i], lw=1, label=f"lane line {i}")
+      if truth is not None and len(truth["lane_y"]) == len(t):
+        ax[0].plot(t, truth["lane_y"][:, i], "--", color=line.get_color(), lw=1, label="truth" if i == 0 else None)
     ax[0].plot(t, trace.plan_y, "k", lw=2, label="plan")
     ax[1].plot(t, trace.curvature, label="desiredCurvature")
+    if truth is not None and len(truth["curvature"]) == len(t):
+      ax[1].plot(t, truth["curvature"], "--", color="tab:blue", label="true curvature at the action time")
     ax2 = ax[1].twinx()
     ax2.plot(t, trace.accel, "tab:red", label="desiredAcceleration")
     ax2.set_ylabel("m/s²", color="tab:red")
@@ -227,21 +273,34 @@ def plot(trace: Trace, path: Path, summary: dict) -> None:
   ax[2].set_ylabel("ms")
   ax[2].set_xlabel("s")
   ax[2].legend(loc="upper right", fontsize=8)
-  fig.suptitle(f"modeld-msm demo: {summary['models']} models, {summary['camera']}, {summary['device']} — "
-               f"p50 {summary['ms_per_frame_p50']:.1f} ms/frame, {summary['frames_received']} frames")
+  fig.suptitle(f"modeld-msm demo: {summary['models']} models ({summary.get('weights', '?')} weights), {summary['camera']}, "
+               f"{summary['device']} — p50 {summary['ms_per_frame_p50']:.1f} ms/frame, {summary['frames_received']} frames")
+  if "lane_error_m_p50" in summary:
+    ax[0].set_title(f"lane lines at 20 m vs truth (dashed): error p50 {_fmt(summary['lane_error_m_p50'], '.2f')} m, "
+                    f"p90 {_fmt(summary['lane_error_m_p90'], '.2f')} m", fontsize=9)
+    ax[1].set_title(f"desiredCurvature vs truth (dashed): r {_fmt(summary['curvature_corr'], '.3f')}", fontsize=9)
   fig.tight_layout()
   with replacing(path, ".png") as tmp:
     fig.savefig(tmp, dpi=90)
   plt.close(fig)
 
 
+def _fmt(v, spec: str) -> str:
+  return "n/a" if v is None or (isinstance(v, float) and not np.isfinite(v)) else format(v, spec)
+
+
 def print_summary(s: dict) -> None:
+  from modeld_msm.accuracy import CURVATURE_CORR_LIMIT, LANE_ERROR_LIMIT_M
   rows = [("frames sent (camera)", s["frames_sent"]), ("modelV2 received", s["frames_received"]),
           ("drivingModelData / cameraOdometry", f"{s['published']['drivingModelData']} / {s['published']['cameraOdometry']}"),
           ("frames dropped (total / after modeld started)", f"{s['frames_dropped']} / {s['frames_dropped_running']}"),
           ("ms/frame p50 / p99 (modelExecutionTime)", f"{s['ms_per_frame_p50']:.2f} / {s['ms_per_frame_p99']:.2f}"),
           ("EOF → listener ms p50 / p99", f"{s['eof_to_publish_ms_p50']:.2f} / {s['eof_to_publish_ms_p99']:.2f}"),
           ("max frameDropPerc", f"{s['max_frameDropPerc']:.2f}"),
-          ("modeld RSS MB start / end", f"{s['rss_mb_start']} / {s['rss_mb_end']}")]
+          ("modeld RSS MB start / end", f"{s['rss_mb_start']} / {s['rss_mb_end']}"),
+          (f"lane error at 20 m vs truth, m p50 / p90 (limit {LANE_ERROR_LIMIT_M})",
+           f"{_fmt(s['lane_error_m_p50'], '.3f')} / {_fmt(s['lane_error_m_p90'], '.3f')}  ({s['weights']} weights, {s['accuracy_frames']} frames)"),
+          (f"desiredCurvature vs truth: r (limit {CURVATURE_CORR_LIMIT}) / MAE 1/m",
+           f"{_fmt(s['curvature_corr'], '.3f')} / {_fmt(s['curvature_mae'], '.2e')}")]
   w = max(len(k) for k, _ in rows)
   print("\n" + "\n".join(f"  {k:{w}s}  {v}" for k, v in rows))

@@ -16,9 +16,15 @@ from selfdrive_glue.road_render import RoadScene
 from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
 
 FRAME_NS = 50_000_000
+LATERAL_DELAY = 0.2  # s, the liveDelay.lateralDelay sent (what modeld's desiredCurvature is aimed by)
 N_BUFFERS = 6
 SENSOR_SERVICES = ["roadCameraState", "wideRoadCameraState", "carState", "carControl", "liveCalibration", "liveDelay",
                    "deviceState", "driverMonitoringState"]
+
+
+def scene_time(frame_id: int) -> float:
+  """Scene time (s) of the picture sent as VisionIPC frameId `frame_id`: frame i is rendered at i * FRAME_NS and sent as i + 1."""
+  return (frame_id - 1) * FRAME_NS / 1e9
 
 
 def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict:
@@ -45,7 +51,7 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict
     pm.send(service, ev)
 
   dev_fill = S.fill_device_state(device, time.monotonic_ns())
-  delay_fill = S.fill_live_delay(0.2)
+  delay_fill = S.fill_live_delay(LATERAL_DELAY)
   n_frames = int(seconds * 20) if seconds > 0 else 1 << 62
   start = time.monotonic_ns() + FRAME_NS
   late = 0
@@ -59,7 +65,7 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict
       time.sleep((deadline - now) / 1e9)
     elif now - deadline > FRAME_NS:
       late += 1
-    t = i * FRAME_NS / 1e9
+    t = scene_time(i + 1)  # the listener reads the truth of this picture back from the frameId it is sent with
     # render straight into the shared buffers (zero-copy), like camerad's ISP output
     road, wide = vipc.get_buffer(VisionStreamType.ROAD), vipc.get_buffer(VisionStreamType.WIDE_ROAD)
     scene.render_into(road.data, t, "road")

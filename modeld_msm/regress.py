@@ -255,22 +255,27 @@ def _series(msgs: list[tuple[str, dict]], path: str, idx: int) -> tuple[np.ndarr
 
 
 def write_report(report_dir: str | os.PathLike, results: list[CompareResult], messages: dict, tolerance: float, ignore, abs_tolerance: float = 0.0,
-                 new: str | os.PathLike = "", ref: str | os.PathLike = "", gate: str | None = None, segments=()) -> list[Path]:
+                 new: str | os.PathLike = "", ref: str | os.PathLike = "", gate: str | None = None, segments=(), accuracy=()) -> list[Path]:
   """report.txt, report.json, one PNG per compared log (plan, lane lines, lead of both runs over time) and report.html
-  (modeld_msm.report: pass/fail per field, difference distributions, the worst frames drawn on the camera image)."""
+  (modeld_msm.report: pass/fail per field, difference distributions, the worst frames drawn on the camera image).
+  accuracy: replay_accuracy.regress_accuracy's rows (ground truth of synthetic segments), reported beside the comparison."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
+  from modeld_msm.replay_accuracy import regress_html, regress_json, regress_lines
   out = Path(report_dir)
   out.mkdir(parents=True, exist_ok=True)
   written = []
   series_pngs: dict[str, Path] = {}
   txt = summary_lines(results, 30)
   verdict = "REGRESSION" if any(r.regression for r in results) else "PASS"
+  txt += regress_lines(list(accuracy))
   write_atomic(out / "report.txt", "\n".join([f"{verdict} (tolerance {tolerance}, ignoring {', '.join(ignore)})", *txt]) + "\n")
   data = [{"new": r.new, "ref": r.ref, "regression": r.regression, "messages_new": r.messages_new, "messages_ref": r.messages_ref,
            "structural": r.structural, "damage": r.damage, "worst": [asdict(f) for f in r.worst(30)]} for r in results]
-  write_atomic(out / "report.json", json.dumps({"verdict": verdict, "tolerance": tolerance, "ignore": list(ignore), "files": data}, indent=1))
+  write_atomic(out / "report.json", json.dumps({"verdict": verdict, "tolerance": tolerance, "ignore": list(ignore), "files": data,
+                                               "accuracy": regress_json(list(accuracy))}, indent=1))
   written += [out / "report.txt", out / "report.json"]
   for name, (mn, mr) in messages.items():
     fig, axes = plt.subplots(2, 4, figsize=(18, 7.5), sharex=True)
@@ -294,7 +299,8 @@ def write_report(report_dir: str | os.PathLike, results: list[CompareResult], me
     written.append(png)
     series_pngs[name] = png
   from modeld_msm.report import write_html
-  written += write_html(out, Path(new), Path(ref), results, messages, tolerance, abs_tolerance, tuple(ignore), gate, list(segments), series_pngs)
+  written += write_html(out, Path(new), Path(ref), results, messages, tolerance, abs_tolerance, tuple(ignore), gate, list(segments), series_pngs,
+                        regress_html(list(accuracy)))
   return written
 
 

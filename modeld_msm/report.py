@@ -228,8 +228,10 @@ def _draw_frame(plt, image: np.ndarray | None, geom: dict | None, new: dict, ref
 
 
 def write_html(report_dir: Path, new: Path, ref: Path, results: list[CompareResult], messages: dict, tolerance: float, abs_tolerance: float,
-               ignore: tuple[str, ...], gate: str | None, segments: list[Segment], series_pngs: dict[str, Path]) -> list[Path]:
-  """report.html plus distributions.png and frame_<k>.png; every file written atomically. -> the files written."""
+               ignore: tuple[str, ...], gate: str | None, segments: list[Segment], series_pngs: dict[str, Path],
+               accuracy_html: str = "") -> list[Path]:
+  """report.html plus distributions.png and frame_<k>.png; every file written atomically. -> the files written.
+  accuracy_html: the ground-truth table of synthetic segments (modeld_msm.replay_accuracy.regress_html), before the worst frames."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -326,6 +328,7 @@ figure {{ display: inline-block; margin: 0.5em; }} img {{ max-width: 100%; }}
 <h2>Tolerance</h2>
 <p>{rule}. Anchor: {html.escape(anchor)}.<br>Not compared: <code>{html.escape(", ".join(ignore))}</code></p>
 {"<h2>Structure</h2><ul>" + "".join(structural) + "</ul>" if structural else ""}
+{accuracy_html}
 <h2>Worst frames</h2>
 <p>REF solid, NEW dashed: lane lines (yellow), road edges (red), planned path (blue).</p>
 {"".join(frames_html) or "<p>No frame has a value outside tolerance.</p>"}

@@ -37,6 +37,12 @@ def test_demo_summary_makes_sense(demo):
   assert 0 <= s["max_frameDropPerc"] <= 100 and 0.5 <= s["valid_ratio"] <= 1
   assert 10 < s["rss_mb_start"] <= s["rss_mb_end"] * 1.5 and s["rss_mb_end"] < 4096
   assert all(math.isfinite(v) for v in s.values() if isinstance(v, float))
+  # held to the rendered road: the trained stand-in by default, every frame received compared
+  assert s["weights"] == "stand-in" and s["accuracy_frames"] + s["accuracy_skipped_frames"] == got and s["accuracy_frames"] > 0.5 * got
+  acc = [s[k] for k in ("lane_error_m_p50", "lane_error_m_p90", "curvature_corr", "curvature_mae")]
+  assert all(isinstance(v, float) and math.isfinite(v) for v in acc), acc
+  assert 0 <= s["lane_error_m_p50"] <= s["lane_error_m_p90"] < 50 and -1 <= s["curvature_corr"] <= 1 and isinstance(s["accuracy_passes"], bool)
+  assert f"{s['lane_error_m_p50']:.3f} / {s['lane_error_m_p90']:.3f}  (stand-in weights" in r.stdout and f"{s['curvature_corr']:.3f} / " in r.stdout
   assert (out / "modeld.log").exists() and (out / "camera.log").exists()
   assert sorted(p.name for p in out.iterdir()) == ["camera.log", "modeld.log", "plan.png", "summary.json"]   # no temp files left
 
@@ -50,3 +56,28 @@ def test_demo_plan_png_is_a_drawn_figure(demo):
   img = matplotlib.image.imread(str(out / "plan.png"))
   rgb = (img[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
   assert len(np.unique(rgb, axis=0)) > 20 and (rgb < 250).any(axis=1).mean() > 0.02   # lines and text, not a blank canvas
+
+
+def test_artifact_cache_keeps_the_weights_apart(tmp_path, monkeypatch):
+  """The trained stand-in and random weights never share a cached artifact, for the same size, camera and device."""
+  import compile.artifact
+  import compile.build
+  import compile.refmodels
+  from modeld_msm import demo
+
+  monkeypatch.setattr(demo, "CACHE", tmp_path)
+  # the stand-in's bytes differ from seed 0's random ones; the real pair is package data the lead's training ships
+  monkeypatch.setattr(compile.refmodels, "stand_in_model", lambda kind: compile.refmodels.build_model(kind, "tiny", 1))
+  built = []
+
+  def not_cached(art, **_):
+    raise compile.artifact.ArtifactError("not built")
+
+  class Report:
+    def table(self):
+      return ""
+  monkeypatch.setattr(compile.artifact, "verify_artifact", not_cached)
+  monkeypatch.setattr(compile.build, "compile_artifact", lambda v, p, cam, dev, art, log: built.append((v.read_bytes(), art)) or Report())
+  arts = {w: demo.cached_artifact("tiny", "1928x1208", "CPU", log=lambda *_: None, stand_in=w) for w in (True, False)}
+  assert "-standin-" in arts[True].name and "-random-" in arts[False].name and arts[True] != arts[False]
+  assert [a for _, a in built] == [arts[True], arts[False]] and built[0][0] != built[1][0]

@@ -133,8 +133,8 @@ def test_cli_jobs_match_serial_and_regress_passes(artifact, tmp_path):
   assert r1.returncode == 0, r1.stderr
   r2 = _cli(tmp_path / "route", "--artifact", artifact, "-o", tmp_path / "par", "--jobs", "2")
   assert r2.returncode == 0, r2.stderr
-  files = sorted(p.name for p in (tmp_path / "serial").iterdir())
-  assert len(files) == 2 and files == sorted(p.name for p in (tmp_path / "par").iterdir())
+  files = sorted(p.name for p in (tmp_path / "serial").iterdir())  # each log and its ground-truth accuracy (synthetic segments)
+  assert len(files) == 4 and files == sorted(p.name for p in (tmp_path / "par").iterdir())
   for f in files:
     assert (tmp_path / "serial" / f).read_bytes() == (tmp_path / "par" / f).read_bytes()
   r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "regress", str(tmp_path / "par"), str(tmp_path / "serial")],

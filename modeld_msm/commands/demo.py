@@ -12,6 +12,9 @@ def add_arguments(p) -> None:
   p.add_argument("--out", type=Path, default=Path("demo-out"), help="where summary.json and plan.png go (default ./demo-out)")
   p.add_argument("--camera", default="1928x1208", help="1928x1208 or 1344x760")
   p.add_argument("--seed", type=int, default=0, help="road scene seed")
+  p.add_argument("--random-weights", action="store_true",
+                 help="the random-weight reference models instead of the trained tiny stand-in: the pipeline runs the same, but "
+                      "the outputs are noise and the error against the rendered road says so (--full always has random weights)")
 
 
 def run(args) -> int:
@@ -21,7 +24,8 @@ def run(args) -> int:
   parse_camera(args.camera)
   if args.seconds <= 0:
     raise UserError("--seconds must be positive")
-  s = run_demo(DemoOptions(full=args.full, seconds=args.seconds, out=args.out, camera=args.camera, seed=args.seed))
+  s = run_demo(DemoOptions(full=args.full, seconds=args.seconds, out=args.out, camera=args.camera, seed=args.seed,
+                           random_weights=args.random_weights))
   print_summary(s)
   print(f"\n  wrote {args.out / 'summary.json'} and {args.out / 'plan.png'}")
   return 0 if s["frames_received"] else 1

@@ -41,9 +41,17 @@ def run(args) -> int:
   failed = [r for r in results if r.regression]
   for line in summary_lines(results, args.top):
     print(line)
+  # synthetic segments: each run against the road the renderer drew, beside the field comparison (says nothing otherwise)
+  from pathlib import Path
+
+  from modeld_msm.replay_accuracy import regress_accuracy, regress_lines
+  accuracy = regress_accuracy(messages, Path(args.new), Path(args.ref), segments)
+  for line in regress_lines(accuracy):
+    print(line)
   n_msgs = sum(r.messages_new for r in results)
   if args.report:
-    paths = write_report(args.report, results, messages, args.tolerance, ignore, args.abs_tolerance, args.new, args.ref, args.gate, segments)
+    paths = write_report(args.report, results, messages, args.tolerance, ignore, args.abs_tolerance, args.new, args.ref, args.gate, segments,
+                         accuracy)
     print(f"report: {next(p for p in paths if p.suffix == '.html')} (and {len(paths) - 1} files beside it)")
   if failed:
     print(f"REGRESSION: {len(failed)} of {len(results)} log(s) differ from the reference", file=sys.stderr)

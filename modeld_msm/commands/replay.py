@@ -71,6 +71,11 @@ def run(args) -> int:
             "by order; an offset between log and video would go unnoticed", file=sys.stderr)
     if r.damage:
       print(f"modeld-msm replay: warning: {r.segment}: log damaged, replayed the readable prefix: {r.damage}", file=sys.stderr)
+  # synthetic segments carry their ground truth: <output>.accuracy.json beside each output (modeld_msm/replay_accuracy.py);
+  # reported on stderr like the other notes, so stdout stays one result line per segment
+  from modeld_msm.replay_accuracy import replay_accuracy_lines
+  for warn, line in replay_accuracy_lines(results, segments):
+    print(f"modeld-msm replay: {'warning: ' if warn else ''}{line}", file=sys.stderr)
   if done_before:
     print(f"modeld-msm replay: {done_before} of {len(results)} segments were already done (same inputs, artifact, code and options), "
           "not replayed again", file=sys.stderr)
