@@ -10,6 +10,7 @@ prepare-only program); "model" is the fused step minus one warp.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import sys
@@ -44,6 +45,7 @@ def bench(size: str, frames: int, camera: str) -> dict:
   from selfdrive_glue.road_render import RoadScene
   w, h = parse_camera(camera)
   art = cached_artifact(size, camera, "CPU", log=lambda *a: print(*a, file=sys.stderr))
+  meta = json.loads((art / "metadata.json").read_text())
   core = ModeldCore(art)
   scene = RoadScene(0, camera)
   info = core.model.nv12
@@ -106,7 +108,10 @@ def bench(size: str, frames: int, camera: str) -> dict:
           "step_ms_p50": pct(step_t, 50), "step_ms_p99": pct(step_t, 99), "parse_ms_p50": pct(parse_t, 50), "parse_ms_p99": pct(parse_t, 99),
           "fill_ms_p50": pct(fill_t, 50), "fill_ms_p99": pct(fill_t, 99), "publish_ms_p50": pct(pub_t, 50), "publish_ms_p99": pct(pub_t, 99),
           "cpu_cores": cpu, "rss_mb_start": rss0, "rss_mb_end": rss_mb(),
-          "anon_mb_start": anon0, "anon_mb_end": rss_mb("RssAnon")}
+          "anon_mb_start": anon0, "anon_mb_end": rss_mb("RssAnon"), "load_end": os.getloadavg()[0],
+          # what the artifact was compiled with: the step's speed depends on it (compile/precision.py, cpu_layout.py, cpu_search.py)
+          "compiled": f"{meta['precision']['compute']}, layout {'on' if meta.get('cpu_layout', {}).get('on') else 'off'}, "
+                      f"search {('BEAM=' + str(meta['search']['beam'])) if meta.get('search', {}).get('used') else 'off'}"}
 
 
 def main() -> int:
@@ -115,8 +120,13 @@ def main() -> int:
   ap.add_argument("--frames", type=int, default=2000)
   ap.add_argument("--camera", default="1928x1208")
   a = ap.parse_args()
+  from compile.precision import cpu_info
+  load0 = os.getloadavg()[0]
   rows = [bench(s, a.frames, a.camera) for s in (a.size or ["tiny", "full"])]
-  cols = [("size", "{}"), ("frames", "{}"), ("steps", "{}"), ("dropped", "{}"), ("warp_ms_p50", "{:.2f}"), ("model_ms_p50", "{:.2f}"),
+  # the box may be shared with other jobs: the load average says how much of the 20 Hz budget others took
+  print(f"CPU: {cpu_info().summary()}; 1-min loadavg {load0:.1f} at start, {rows[-1]['load_end']:.1f} at the end")
+  cols = [("size", "{}"), ("compiled", "{}"),
+          ("frames", "{}"), ("steps", "{}"), ("dropped", "{}"), ("warp_ms_p50", "{:.2f}"), ("model_ms_p50", "{:.2f}"),
           ("model_ms_p99", "{:.2f}"), ("step_ms_p50", "{:.2f}"), ("step_ms_p99", "{:.2f}"), ("parse_ms_p50", "{:.3f}"), ("parse_ms_p99", "{:.3f}"),
           ("fill_ms_p50", "{:.3f}"), ("publish_ms_p50", "{:.3f}"), ("publish_ms_p99", "{:.3f}"), ("cpu_cores", "{:.2f}"),
           ("rss_mb_start", "{:.1f}"), ("rss_mb_end", "{:.1f}"), ("anon_mb_start", "{:.1f}"), ("anon_mb_end", "{:.1f}")]

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from compile import artifact as art_mod
+from compile import cpu_layout, cpu_search
 from compile import precision as precision_mod
 from compile.jit_pickle import pickle_programs, unpickle_programs
 from compile.onnx_model import OnnxModelInfo, load_model_info
@@ -164,19 +165,36 @@ def _run_sequence(policy_fn, warp_fn, steps: _Steps, host_np, host_t, queues) ->
   return out
 
 
-def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, device: str, compute: str):
-  """The unjitted per-frame program in the given precision: fp32 builds the runners from widened copies of the models
-  (onnxruntime still checks the originals)."""
+def runner_model(path: Path, compute: str, layout: bool, workdir: Path) -> tuple[Path, int]:
+  """The ONNX file tinygrad runs for one model: widened to fp32 and/or with the CPU weight layout, as written into
+  workdir (onnxruntime always checks the original). -> (path, constant weights transposed)."""
+  if compute == "fp32":
+    path = precision_mod.widen_to_fp32(path, workdir / f"fp32_{path.name}")
+  if not layout:
+    return path, 0
+  out = workdir / f"cpu_{path.name}"
+  return out, cpu_layout.transpose_weights(path, out)
+
+
+def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool | None = None):
+  """The unjitted per-frame program in the given precision and layout: fp32 builds the runners from widened copies of
+  the models, the CPU layout from rewritten ones plus its op table (compile/cpu_layout.py); onnxruntime still checks the
+  originals. layout None: as compile_artifact chooses it for `device`. The rewrite counts are on the program as
+  `layout_rewrites`."""
   from compile.program import DrivingProgram
-  if compute != "fp32":
+  if layout is None:
+    layout, _ = cpu_layout.choose(device, os.environ.get("MODELD_CPU_LAYOUT", "auto"))
+  if compute != "fp32" and not layout:
     return DrivingProgram(vinfo, pinfo, nv, device)
-  with tempfile.TemporaryDirectory(prefix="modeld-msm-fp32-") as td:
-    wide = [replace(i, path=precision_mod.widen_to_fp32(i.path, Path(td) / i.path.name)) for i in (vinfo, pinfo)]
-    return DrivingProgram(wide[0], wide[1], nv, device)
+  with tempfile.TemporaryDirectory(prefix="modeld-msm-build-") as td:
+    (vpath, vn), (ppath, pn) = (runner_model(i.path, compute, layout, Path(td)) for i in (vinfo, pinfo))
+    prog = DrivingProgram(replace(vinfo, path=vpath), replace(pinfo, path=ppath), nv, device, cpu_ops=layout)
+  prog.layout_rewrites = {"vision_weights_transposed": vn, "policy_weights_transposed": pn}
+  return prog
 
 
 def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path,
-                     log=print, precision: str = "auto") -> CompileReport:
+                     log=print, precision: str = "auto", layout: str | None = None, search: str | None = None) -> CompileReport:
   if device not in TARGETS:
     raise UserError(f"unknown device '{device}': use one of {', '.join(TARGETS)}")
   out_dir = Path(out_dir)
@@ -186,7 +204,14 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   report.checks.append(("model contract", "ok", f"vision out {vinfo.output_width}, policy out {pinfo.output_width}, "
                         f"{len(vinfo.output_slices)}+{len(pinfo.output_slices)} slices"))
   compute, why = precision_mod.choose(device, precision)
-  report.checks.append(("precision", "ok", f"{compute}: {why}"))
+  # the CLI has no flag for these yet: MODELD_CPU_LAYOUT / MODELD_CPU_SEARCH override them for a compile (benchmarks, A/B)
+  use_layout, layout_why = cpu_layout.choose(device, layout or os.environ.get("MODELD_CPU_LAYOUT", "auto"))
+  search_key = cpu_search.match_key(device=device, precision=compute, layout=use_layout, camera=camera,
+                                    model_sha256={"vision": vinfo.sha256, "policy": pinfo.sha256})
+  searched, search_why = cpu_search.choose(search or os.environ.get("MODELD_CPU_SEARCH", "auto"), search_key)
+  # one line with the precision: how the program is lowered, not a separate check (the release counts checks)
+  report.checks.append(("precision", "ok", f"{compute}: {why}; cpu layout {'on' if use_layout else 'off'} ({layout_why}); "
+                        f"kernel search: {search_why}"))
   _check_out_dir(out_dir)
   capture_target, load_target = TARGETS[device]
   if device == "QCOM":
@@ -199,12 +224,16 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   flags = TARGET_FLAGS.get(device, {})
   if flags:
     log(f"[compile] capture flags: {' '.join(f'{k}={v}' for k, v in flags.items())}")
-  # the device opens inside the flags too: QCOM's renderer arch depends on IMAGE
-  with Context(**flags):
+  # the device opens inside the flags too: QCOM's renderer arch depends on IMAGE. A shipped search is replayed by capturing
+  # under BEAM with its results already in tinygrad's search cache (compile/cpu_search.py): every kernel is a cache hit
+  beam = {"BEAM": searched["beam"]} if searched else {}
+  if searched:
+    cpu_search.install(searched)
+  with Context(**flags, **beam):
     from compile.program import HostInputs
     nv = nv12_info(*camera)
     log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target} in {compute}")
-    prog = build_program(vinfo, pinfo, nv, dev_name, compute)
+    prog = build_program(vinfo, pinfo, nv, dev_name, compute, layout=use_layout)
     report.timings["load"] = time.perf_counter() - t0
     if device == "QCOM":
       if (node := _emu_node(dev_name)) is None:
@@ -269,6 +298,11 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     # estimated a630 time per kernel from its executed work: bound graphs are cut into submits by it (backend/chunking.py)
     "kernel_us": kernel_us,
     "precision": {"compute": compute, "why": why, "cpu": precision_mod.cpu_info().summary() if device.startswith("CPU") else None},
+    # compute-preserving rewrites the runners were built with (compile/cpu_layout.py); checked against onnxruntime like the rest
+    "cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites,
+                   "dense_conv_materialised": use_layout},
+    "search": {"used": searched is not None, "why": search_why, "beam": searched["beam"] if searched else None,
+               "kernels": len(searched["entries"]) if searched else 0},
     "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, "step_plan": STEP_PLAN},
   }
   art_mod.write_artifact(out_dir, {art_mod.POLICY_PKL: policy_pkl, art_mod.WARP_PKL: warp_pkl}, meta)

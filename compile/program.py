@@ -50,10 +50,15 @@ def _push(q: Tensor, x: Tensor) -> Tensor:
 
 
 class DrivingProgram:
-  def __init__(self, vision: OnnxModelInfo, policy: OnnxModelInfo, nv12: NV12Info, device: str):
+  def __init__(self, vision: OnnxModelInfo, policy: OnnxModelInfo, nv12: NV12Info, device: str, cpu_ops: bool = False):
     self.device, self.nv12 = device, nv12
     self.vision = OnnxRunner(vision.path).to(device)
     self.policy = OnnxRunner(policy.path).to(device)
+    self.layout_rewrites: dict[str, int] = {}   # what the CPU layout rewrote in the models' files (set by build_program)
+    if cpu_ops:  # the CPU layout's op table (compile/cpu_layout.py); the models' files were rewritten by the caller
+      from compile import cpu_layout
+      cpu_layout.apply(self.vision)
+      cpu_layout.apply(self.policy)
     self.vision_dtypes = {k: v.dtype for k, v in self.vision.graph_inputs.items()}
     self.policy_dtypes = {k: v.dtype for k, v in self.policy.graph_inputs.items()}
     self.hidden = vision.output_slices["hidden_state"]

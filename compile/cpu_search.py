@@ -1,0 +1,170 @@
+"""Kernel search for CPU artifacts, done once by us and shipped in the repository, so a user's compile never pays it.
+
+tinygrad picks each kernel's optimisations (upcasts, unrolls, ...) by a hand-written heuristic, or by timing candidates
+(BEAM=n). On the 2-core AMD EPYC the heuristic leaves fp32 matrix products at 10-16 GFLOP/s where BEAM=1 finds 50; but a
+search of the full models takes tens of minutes there, far over the 3-minute compile budget. So we search once
+(`record`, below), export what tinygrad's search cache holds (per kernel: the AST's key and the chosen opts) into
+cpu_search_table.json, and a compile whose kernels are those of a recorded set (same tinygrad, device, models, camera,
+precision and layout) loads the set into tinygrad's own search cache (tinygrad.helpers.diskcache_put, the table beam
+search reads first) and captures under BEAM: every kernel is then a cache hit, compiled once with the recorded opts.
+A compile of anything else keeps the heuristic: a miss under BEAM would start the search the table exists to avoid.
+
+The table is JSON (op names and integers), not pickles: it is reviewed data, and loading it runs nothing.
+The recorded set is recorded in the artifact's manifest ("search").
+
+  .venv/bin/python -m compile.cpu_search record --size full --beam 1   # minutes to an hour; appends/replaces one set
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from modeld_msm.errors import UserError
+
+TABLE = Path(__file__).with_name("cpu_search_table.json")
+# sha256 of the shipped table, kept in this source file on purpose: cached artifacts (modeld_msm/demo.py) are keyed by the
+# bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
+# is refused rather than replayed. `record` updates it.
+TABLE_SHA256: str | None = None
+SEARCHES = ("auto", "off")
+FORMAT = 1
+
+
+def load_table(path: Path = TABLE) -> dict[str, Any]:
+  if not path.is_file():
+    return {"format": FORMAT, "sets": []}
+  data = path.read_bytes()
+  if path == TABLE and hashlib.sha256(data).hexdigest() != TABLE_SHA256:
+    raise UserError(f"{path.name} does not match the sha256 recorded in compile/cpu_search.py; re-record it "
+                    "(python -m compile.cpu_search record) or remove it")
+  table = json.loads(data)
+  if table.get("format") != FORMAT:
+    raise UserError(f"{path.name}: search table format {table.get('format')!r}, expected {FORMAT}; "
+                    "regenerate it (python -m compile.cpu_search record)")
+  return table
+
+
+def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, int], model_sha256: dict[str, str]) -> dict[str, Any]:
+  """What a recorded set must share with a compile for its kernels to be the same ones."""
+  from compile.artifact import installed_versions
+  return {"tinygrad": installed_versions()["tinygrad"], "device": device, "precision": precision, "layout": layout, "camera": list(camera),
+          "models": dict(sorted(model_sha256.items()))}
+
+
+def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str]:
+  """-> (the recorded set to use or None, why)."""
+  from tinygrad.helpers import CACHELEVEL, IGNORE_BEAM_CACHE
+  if requested not in SEARCHES:
+    raise UserError(f"unknown search {requested!r}: use one of {', '.join(SEARCHES)}")
+  if requested == "off":
+    return None, "requested"
+  if key["device"] != "CPU":
+    return None, f"no shipped search for {key['device']}"
+  if CACHELEVEL.value < 1 or IGNORE_BEAM_CACHE.value:
+    return None, "tinygrad's search cache is disabled (CACHELEVEL/IGNORE_BEAM_CACHE): a shipped search could not be replayed"
+  table = load_table() if table is None else table
+  for s in table["sets"]:
+    if s["match"] == key:
+      return s, f"shipped BEAM={s['beam']} search for these models ({len(s['entries'])} kernels, recorded on {s['recorded_on']})"
+  return None, "no shipped search for these models/camera/precision/layout (tinygrad's heuristic opts)"
+
+
+def install(recorded: dict[str, Any]) -> int:
+  """Put a recorded set into tinygrad's search cache, keyed exactly as its beam search looks kernels up."""
+  from tinygrad.codegen.opt import Opt, OptOps
+  from tinygrad.helpers import diskcache_put
+  for e in recorded["entries"]:
+    key = {"ast": bytes.fromhex(e["ast"]), "amt": recorded["beam"], "allow_test_size": e["allow_test_size"], "device": e["device"],
+           "suffix": e["suffix"]}
+    diskcache_put("beam_search", key, [Opt(OptOps[op], axis, tuple(arg) if isinstance(arg, list) else arg) for op, axis, arg in e["opts"]])
+  return len(recorded["entries"])
+
+
+def export(db: Path, beam: int) -> list[dict[str, Any]]:
+  """The BEAM=beam entries of a tinygrad search cache file (one written by our own recording run) as JSON-able rows."""
+  import pickle
+  import sqlite3
+
+  from tinygrad.helpers import VERSION
+  con = sqlite3.connect(str(db))
+  try:
+    rows = con.execute(f"SELECT ast, amt, allow_test_size, device, suffix, val FROM 'beam_search_{VERSION}' WHERE amt=?", (beam,)).fetchall()
+  finally:
+    con.close()
+  out = []
+  for ast, _amt, ats, device, suffix, val in rows:
+    opts = pickle.loads(val)   # our own recording run's cache file, written moments before by tinygrad
+    out.append({"ast": ast.hex(), "allow_test_size": bool(ats), "device": device, "suffix": suffix,
+                "opts": [[o.op.name, o.axis, list(o.arg) if isinstance(o.arg, tuple) else o.arg] for o in opts]})
+  return sorted(out, key=lambda e: e["ast"])
+
+
+def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout: str, table_path: Path = TABLE, seed: int = 0) -> dict[str, Any]:
+  """Search the reference models' kernels once (a compile in a child under BEAM with a fresh cache file) and store the
+  result as one set of the table, replacing a set with the same match key."""
+  import subprocess
+  import sys
+  import tempfile
+
+  from compile import cpu_layout
+  from compile import precision as precision_mod
+  from compile.onnx_model import sha256_file
+  from compile.refmodels import write_models
+  with tempfile.TemporaryDirectory(prefix="modeld-msm-search-") as td:
+    models = write_models(Path(td) / "models", size, seed)
+    db = Path(td) / "search.db"
+    code = ("import sys; from compile.build import compile_artifact; "
+            f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(camera)!r}, 'CPU', "
+            f"{str(Path(td) / 'artifact')!r}, precision={precision!r}, layout={layout!r}, search='off')")
+    # one thread: tinygrad 0.14's CPU runs a kernel's THREAD parts one after another anyway, and a recorded THREAD opt
+    # would not apply on a CPU with fewer cores than the recording one
+    env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "NUM_CPU_THREADS": "1", "PARALLEL": str(os.cpu_count() or 1)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+    compute, _ = precision_mod.choose("CPU", precision)
+    use_layout, _ = cpu_layout.choose("CPU", layout)
+    key = match_key(device="CPU", precision=compute, layout=use_layout, camera=camera,
+                    model_sha256={k: sha256_file(m.path) for k, m in models.items()})
+    entries = export(db, beam)
+  cpu = precision_mod.cpu_info()
+  recorded = {"match": key, "beam": beam, "recorded_on": f"{cpu.model} ({cpu.cores} cores)", "size": size, "seed": seed, "entries": entries}
+  store(recorded, table_path)
+  return recorded
+
+
+def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
+  """Add one recorded set to the table (replacing a set with the same match key); for the shipped table, also its sha256 here."""
+  table = load_table(table_path)
+  table["sets"] = [s for s in table["sets"] if s["match"] != recorded["match"]] + [recorded]
+  data = (json.dumps(table, indent=1, sort_keys=True) + "\n").encode()
+  table_path.write_bytes(data)
+  if table_path == TABLE:
+    src = Path(__file__)
+    text, n = re.subn(r'^TABLE_SHA256: str \| None = .*$', f'TABLE_SHA256: str | None = "{hashlib.sha256(data).hexdigest()}"',
+                      src.read_text(), count=1, flags=re.M)
+    assert n == 1, "TABLE_SHA256 line not found"
+    src.write_text(text)
+
+
+def main() -> int:
+  import argparse
+
+  from selfdrive_glue.nv12 import parse_camera
+  ap = argparse.ArgumentParser(description="record the shipped CPU kernel search for the reference models")
+  ap.add_argument("cmd", choices=("record",))
+  ap.add_argument("--size", default="full")
+  ap.add_argument("--camera", default="1928x1208")
+  ap.add_argument("--beam", type=int, default=1)
+  ap.add_argument("--precision", default="fp32")
+  ap.add_argument("--layout", default="auto")
+  a = ap.parse_args()
+  r = record(a.size, parse_camera(a.camera), a.beam, a.precision, a.layout)
+  print(f"recorded {len(r['entries'])} kernels into {TABLE}")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""CPU levers: the weight-layout rewrite and the Conv op table compute what the original models compute, the artifact's
+manifest records them, and a shipped kernel search is used only for the kernels it was recorded for."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from compile import cpu_layout, cpu_search
+from compile.build import ORT_ATOL, ORT_RTOL
+from modeld_msm.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _feeds(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
+  from compile.onnx_model import load_model_info
+  info = load_model_info(path, "vision" if "vision" in path.name else "policy")
+  rng = np.random.default_rng(seed)
+  return {n: rng.integers(0, 256, s, dtype=np.uint8) if info.input_dtypes[n] == "uint8" else rng.standard_normal(s).astype(info.input_dtypes[n])
+          for n, s in info.input_shapes.items()}
+
+
+def _ort(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+  import onnxruntime as ort
+  return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0].astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["vision", "policy"])
+def test_transposed_weights_compute_the_same_in_onnxruntime(tiny_models, tmp_path, kind):
+  src = tiny_models / f"driving_{kind}.onnx"
+  n = cpu_layout.transpose_weights(src, tmp_path / src.name)
+  m = onnx.load(str(tmp_path / src.name))
+  gemms = [nd for nd in m.graph.node if nd.op_type == "Gemm"]
+  assert n > 0 and gemms and all(any(a.name == "transB" and a.i == 1 for a in nd.attribute) for nd in gemms)
+  assert sum(nd.op_type == "Transpose" and nd.name.endswith("__cpu_t") for nd in m.graph.node) == n - len(gemms)
+  feeds = _feeds(src)
+  # the same values in another order: onnxruntime gives the same outputs up to its own summation order in fp16
+  np.testing.assert_allclose(_ort(tmp_path / src.name, feeds), _ort(src, feeds), rtol=1e-2, atol=1e-2)
+
+
+def test_shared_or_non_2d_weights_are_left_alone(tmp_path):
+  from onnx import TensorProto, helper, numpy_helper
+  w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")
+  g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("MatMul", ["x", "w"], ["b"]),
+                         helper.make_node("Add", ["a", "b"], ["y"])], "g",
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 2))],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 3))], [w])
+  onnx.save(helper.make_model(g), str(tmp_path / "m.onnx"))
+  assert cpu_layout.transpose_weights(tmp_path / "m.onnx", tmp_path / "out.onnx") == 0
+  assert numpy_helper.to_array(onnx.load(str(tmp_path / "out.onnx")).graph.initializer[0]).shape == (2, 3)
+
+
+@pytest.mark.parametrize("kind", ["vision", "policy"])
+def test_cpu_runner_matches_onnxruntime_and_the_plain_runner(tiny_models, tmp_path, kind):
+  """The runner compile builds for a CPU (fp32, transposed weights, dense convolutions materialised) against onnxruntime
+  on the original fp16 model with the compile check's tolerance, and against tinygrad's plain fp32 runner."""
+  from tinygrad import Tensor
+  from tinygrad.nn.onnx import OnnxRunner
+
+  from compile.build import runner_model
+  src = tiny_models / f"driving_{kind}.onnx"
+  feeds = _feeds(src, 1)
+  ref = _ort(src, feeds)
+  outs = {}
+  for layout in (False, True):
+    runner = OnnxRunner(runner_model(src, "fp32", layout, tmp_path)[0])
+    if layout:
+      cpu_layout.apply(runner)
+    inputs = {k: Tensor(v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
+    outs[layout] = next(iter(runner(inputs).values())).float().numpy()
+  assert np.all(np.abs(outs[True] - ref) <= ORT_ATOL + ORT_RTOL * np.abs(ref))
+  np.testing.assert_allclose(outs[True], outs[False], rtol=1e-5, atol=1e-5)
+
+
+def test_conv_op_table_materialises_only_dense_spatial_convolutions():
+  from tinygrad import Tensor
+  from tinygrad.nn.onnx import onnx_ops
+  conv = cpu_layout.cpu_ops(onnx_ops)["Conv"]
+  x = Tensor.randn(1, 4, 8, 8)
+  dense = conv(x, Tensor.randn(6, 4, 3, 3), None, pads=[1, 1, 1, 1], strides=[2, 2])
+  pointwise = conv(x, Tensor.randn(6, 4, 1, 1), None)
+  depthwise = conv(x, Tensor.randn(4, 1, 3, 3), None, group=4, pads=[1, 1, 1, 1])
+  from tinygrad.uop.ops import Ops
+  assert dense.uop.op is Ops.CONTIGUOUS
+  assert pointwise.uop.op is not Ops.CONTIGUOUS and depthwise.uop.op is not Ops.CONTIGUOUS
+  assert onnx_ops["Conv"] is not conv   # tinygrad's own table is untouched: only runners given the CPU table use it
+
+
+def test_layout_choice_per_target():
+  assert cpu_layout.choose("CPU", "auto")[0] and cpu_layout.choose("CPU:LLVM", "auto")[0]
+  assert not cpu_layout.choose("CPU", "off")[0]
+  assert not cpu_layout.choose("QCOM", "auto")[0] and not cpu_layout.choose("CUDA", "auto")[0]
+  with pytest.raises(UserError, match="--layout on is for CPU"):
+    cpu_layout.choose("QCOM", "on")
+  with pytest.raises(UserError, match="unknown layout"):
+    cpu_layout.choose("CPU", "sideways")
+
+
+@pytest.mark.xdist_group("cpu_artifact_1928")
+def test_artifact_records_layout_and_search(cpu_artifact_1928):
+  meta = json.loads((cpu_artifact_1928 / "metadata.json").read_text())
+  lay = meta["cpu_layout"]
+  assert lay["on"] is True and lay["dense_conv_materialised"] is True
+  assert lay["vision_weights_transposed"] > 0 and lay["policy_weights_transposed"] > 0
+  # the tiny models have no shipped search: the heuristic opts, said so
+  assert meta["search"] == {"used": False, "why": meta["search"]["why"], "beam": None, "kernels": 0}
+  assert "no shipped search" in meta["search"]["why"]
+  log = (cpu_artifact_1928.parent / "compile.log").read_text()
+  assert any(line.startswith("precision") and " ok " in line and "cpu layout on" in line and "no shipped search" in line
+             for line in log.splitlines())
+
+
+def _key(**kw):
+  base = {"device": "CPU", "precision": "fp32", "layout": True, "camera": (1928, 1208), "model_sha256": {"vision": "a", "policy": "b"}}
+  return cpu_search.match_key(**{**base, **kw})
+
+
+def test_search_set_is_used_only_for_its_own_kernels():
+  recorded = {"match": _key(), "beam": 1, "recorded_on": "test", "entries": []}
+  table = {"format": cpu_search.FORMAT, "sets": [recorded]}
+  assert cpu_search.choose("auto", _key(), table)[0] is recorded
+  for other in (_key(precision="fp16"), _key(layout=False), _key(camera=(1344, 760)), _key(model_sha256={"vision": "a", "policy": "c"}),
+                _key(device="CPU:LLVM")):
+    got, why = cpu_search.choose("auto", other, table)
+    assert got is None and "no shipped search" in why
+  assert cpu_search.choose("off", _key(), table) == (None, "requested")
+  with pytest.raises(UserError, match="unknown search"):
+    cpu_search.choose("always", _key(), table)
+
+
+def test_shipped_table_is_well_formed():
+  from tinygrad.codegen.opt import OptOps
+  table = cpu_search.load_table()
+  for s in table["sets"]:
+    assert set(s["match"]) == {"tinygrad", "device", "precision", "layout", "camera", "models"} and s["beam"] >= 1 and s["entries"]
+    for e in s["entries"]:
+      assert len(bytes.fromhex(e["ast"])) == 32
+      # no THREAD opts: tinygrad 0.14's CPU runs them one after another, and one would not apply on a CPU with fewer cores
+      assert all(op in OptOps.__members__ and op != "THREAD" for op, _, _ in e["opts"])
+
+
+def test_install_puts_the_opts_where_tinygrads_search_reads_them(tmp_path):
+  """In a child with its own cache file: what install writes, tinygrad's beam-search cache lookup returns as Opts."""
+  entry = {"ast": "ab" * 32, "allow_test_size": True, "device": "CPU", "suffix": "", "opts": [["UPCAST", 0, 4], ["UNROLL", 1, 4]]}
+  recorded = {"beam": 1, "entries": [entry]}
+  code = ("import json, sys; from compile import cpu_search; from tinygrad.helpers import diskcache_get; "
+          f"print(cpu_search.install(json.loads({json.dumps(recorded)!r}))); "
+          "print(diskcache_get('beam_search', {'ast': bytes.fromhex('ab' * 32), 'amt': 1, 'allow_test_size': True, 'device': 'CPU', 'suffix': ''}))")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                     env={**os.environ, "CACHEDB": str(tmp_path / "cache.db")})
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.split("\n")[:2] == ["1", "[Opt(op=OptOps.UPCAST, axis=0, arg=4), Opt(op=OptOps.UNROLL, axis=1, arg=4)]"]
+
+
+def test_a_hand_edited_table_is_refused(tmp_path, monkeypatch):
+  """The shipped table's sha256 lives in compile/cpu_search.py (so cached artifacts follow a re-recorded table): a table
+  that does not match it is refused, not replayed."""
+  table = tmp_path / "cpu_search_table.json"
+  recorded = {"match": _key(), "beam": 1, "recorded_on": "test", "entries": []}
+  monkeypatch.setattr(cpu_search, "TABLE", table)
+  src = tmp_path / "cpu_search.py"
+  src.write_text('TABLE_SHA256: str | None = None\n')
+  monkeypatch.setattr(cpu_search, "__file__", str(src))
+  cpu_search.store(recorded, table)
+  sha = src.read_text().split('"')[1]
+  monkeypatch.setattr(cpu_search, "TABLE_SHA256", sha)
+  assert cpu_search.load_table(table)["sets"] == [json.loads(json.dumps(recorded))]
+  table.write_text(table.read_text().replace('"beam": 1', '"beam": 2'))
+  with pytest.raises(UserError, match="does not match the sha256"):
+    cpu_search.load_table(table)
