@@ -48,11 +48,24 @@ def load_table(path: Path = TABLE) -> dict[str, Any]:
   return table
 
 
+# our code that shapes the step's kernels (queues, warp, lowering): an edit there retires every recorded set, so a compile
+# falls back to the heuristic (as fast as before the search) instead of searching the kernels it no longer finds
+KERNEL_SOURCES = ("program.py", "warp.py", "cpu_layout.py")
+
+
+def code_fingerprint() -> str:
+  h = hashlib.sha256()
+  for name in KERNEL_SOURCES:
+    h.update(Path(__file__).with_name(name).read_bytes())
+  return h.hexdigest()[:16]
+
+
 def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, int], model_sha256: dict[str, str]) -> dict[str, Any]:
-  """What a recorded set must share with a compile for its kernels to be the same ones."""
+  """What a recorded set must share with a compile for its kernels to be the same ones: a kernel missing from the set
+  would be searched under BEAM, the wait the table exists to spare."""
   from compile.artifact import installed_versions
   return {"tinygrad": installed_versions()["tinygrad"], "device": device, "precision": precision, "layout": layout, "camera": list(camera),
-          "models": dict(sorted(model_sha256.items()))}
+          "models": dict(sorted(model_sha256.items())), "code": code_fingerprint()}
 
 
 def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str]:

@@ -130,6 +130,8 @@ def test_search_set_is_used_only_for_its_own_kernels():
                 _key(device="CPU:LLVM")):
     got, why = cpu_search.choose("auto", other, table)
     assert got is None and "no shipped search" in why
+  stale = {**_key(), "code": "0" * 16}   # our kernel-shaping code changed since the recording
+  assert cpu_search.choose("auto", stale, table)[0] is None
   assert cpu_search.choose("off", _key(), table) == (None, "requested")
   with pytest.raises(UserError, match="unknown search"):
     cpu_search.choose("always", _key(), table)
@@ -139,7 +141,7 @@ def test_shipped_table_is_well_formed():
   from tinygrad.codegen.opt import OptOps
   table = cpu_search.load_table()
   for s in table["sets"]:
-    assert set(s["match"]) == {"tinygrad", "device", "precision", "layout", "camera", "models"} and s["beam"] >= 1 and s["entries"]
+    assert set(s["match"]) == {"tinygrad", "device", "precision", "layout", "camera", "models", "code"} and s["beam"] >= 1 and s["entries"]
     for e in s["entries"]:
       assert len(bytes.fromhex(e["ast"])) == 32
       # no THREAD opts: tinygrad 0.14's CPU runs them one after another, and one would not apply on a CPU with fewer cores
