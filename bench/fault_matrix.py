@@ -7,8 +7,8 @@ recovery time, leaks.
   deadline (`delay_jobs`). Leaks are GEM handles open and BO bytes held after the loop against before (LRU cache freed first).
 - process side: a real modeld (`python -m modeld_msm.modeld`, CPU tiny artifact) between our VisionIPC server + msgq
   publishers and a SubMaster here (tests/conftest.py's ModeldHarness); leaks are modeld's open fds and threads.
-- in-process: NaN/inf outputs through ModeldCore; ENOSPC/EFBIG while writing replay output (LogWriter) in a child with
-  RLIMIT_FSIZE (no small tmpfs on this box).
+- in-process: NaN/inf outputs through ModeldCore; ENOSPC/EFBIG while writing replay output (LogWriter) and an artifact
+  (compile's write_artifact, over an existing one) in a child with RLIMIT_FSIZE (no small tmpfs on this box).
 
   .venv/bin/python bench/fault_matrix.py [--only gpu|process|local]
 """
@@ -332,6 +332,34 @@ def local_rows(artifact: Path) -> None:
     left = sorted(str(x.relative_to(d)) for x in Path(d).rglob("*") if x.is_file())
     row("disk full (replay output)", "RLIMIT_FSIZE 64 KiB, SIGXFSZ ignored: write -> EFBIG",
         f"{p.stdout.strip() or p.stderr[-200:]}: LogWriter aborted", "-", "-", f"files left: {left or 'none'}")
+
+  # disk full while writing an artifact over an existing one: compile's last step (compile/artifact.py write_artifact), the
+  # real artifact's pickles, in a child with RLIMIT_FSIZE 1 MiB (the full CLI compile: tests/test_artifact_disk_full.py)
+  with __import__("tempfile").TemporaryDirectory() as d:
+    out = Path(d) / "art"
+    __import__("shutil").copytree(artifact, out)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    code = textwrap.dedent(f"""
+      import json, resource, signal, sys
+      from pathlib import Path
+      sys.path.insert(0, {str(REPO)!r})
+      signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+      resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+      from compile.artifact import METADATA, POLICY_PKL, WARP_PKL, write_artifact
+      from modeld_msm.errors import UserError
+      src = Path({str(artifact)!r})
+      try:
+        write_artifact(Path({str(out)!r}), {{n: (src / n).read_bytes() for n in (POLICY_PKL, WARP_PKL)}}, json.loads((src / METADATA).read_text()))
+      except UserError as e:
+        print("UserError:", e); sys.exit(e.exit_code)
+      print("WROTE")
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    left = sorted(x.name for x in Path(d).iterdir() if x.name != "art")
+    same = {f.name: f.read_bytes() for f in out.iterdir()} == before
+    msg = (p.stdout.strip() or p.stderr.strip().splitlines()[-1]).split(";")[0][:150]   # the rest names the temp path
+    row("disk full (artifact)", "RLIMIT_FSIZE 1 MiB, SIGXFSZ ignored, writing the tiny CPU artifact over an existing one",
+        f"exit {p.returncode}, {msg}", "-", "-", f"temp dirs left: {left or 'none'}; old artifact {'unchanged' if same else 'CHANGED'}")
 
 
 def main() -> int:

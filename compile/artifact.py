@@ -6,6 +6,7 @@ have all been checked, and then only through compile/jit_pickle.py, which constr
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -40,27 +41,68 @@ def installed_versions() -> dict[str, str | None]:
   return out
 
 
+# errnos of a write that ran out of room: a full disk, a quota, a file size limit (RLIMIT_FSIZE, with SIGXFSZ ignored)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full_error(e: BaseException, what: str, out_dir: str | os.PathLike) -> UserError | None:
+  """A clear UserError for a write that ran out of room while `what`, or None when e is something else. sqlite (tinygrad's
+  kernel cache, ~/.cache/tinygrad/cache.db) reports the same failure as an OperationalError, not an OSError."""
+  if isinstance(e, OSError) and e.errno in DISK_FULL:
+    why = f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
+  elif type(e).__name__ == "OperationalError" and type(e).__module__ == "sqlite3" and ("disk" in str(e) or "full" in str(e)):
+    why = f"tinygrad's kernel cache could not be written ({e}; CACHELEVEL=0 turns that cache off)"
+  else:
+    return None
+  return UserError(f"out of disk space {what} ({why}); nothing was written to {out_dir} (an artifact already there is unchanged): "
+                   "free some space and run it again")
+
+
 def write_artifact(out_dir: Path, files: dict[str, bytes], meta: dict[str, Any]) -> Path:
-  """Write files + metadata + manifest into a temp dir beside out_dir, then swap it in (never half-written)."""
+  """Write files + metadata + manifest into a temp dir beside out_dir, then swap it in (never half-written: a failure, a full
+  disk included, removes the temp dir and any parent folders made for it, and leaves an existing out_dir as it was)."""
   out_dir = Path(out_dir)
   parent = out_dir.resolve().parent
+  made = [p for p in (parent, *parent.parents) if not p.exists()]   # deepest first: what a failure must remove again
   try:
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
   except OSError as e:
+    _remove_empty(made)
+    if (full := disk_full_error(e, "creating the artifact's folder", out_dir)) is not None:
+      raise full from None
     raise UserError(f"cannot write the artifact into {parent}: {e.strerror}; choose a writable output directory") from None
   try:
     all_files = dict(files)
     all_files[METADATA] = json.dumps(meta, indent=1, sort_keys=True).encode()
     for name, data in all_files.items():
-      (tmp / name).write_bytes(data)
+      _write_synced(tmp / name, data)
     manifest = {"format": FORMAT, "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(all_files.items())}}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     swap_in_dir(tmp, out_dir)
-  except BaseException:
+  except BaseException as e:
     shutil.rmtree(tmp, ignore_errors=True)
+    _remove_empty(made)
+    if isinstance(e, Exception) and (full := disk_full_error(e, "writing the artifact", out_dir)) is not None:
+      raise full from None
     raise
   return out_dir
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+  # flushed to disk before the swap: a full disk is an error here (all of it, write and flush), not a file truncated after a crash
+  with open(path, "wb") as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+  for d in dirs:
+    try:
+      d.rmdir()
+    except OSError:
+      break   # not empty (someone else wrote there meanwhile) or already gone: leave it and its parents
 
 
 def swap_in_dir(tmp: Path, out_dir: Path) -> None:
@@ -70,7 +112,12 @@ def swap_in_dir(tmp: Path, out_dir: Path) -> None:
   if out_dir.exists():
     old = out_dir.resolve().parent / f".{out_dir.name}.old-{os.getpid()}"
     os.replace(out_dir, old)
-  os.replace(tmp, out_dir)
+  try:
+    os.replace(tmp, out_dir)
+  except BaseException:
+    if old is not None:
+      os.replace(old, out_dir)   # the old tree back where it was: a failed swap must not lose the artifact being replaced
+    raise
   if old is not None:
     shutil.rmtree(old, ignore_errors=True)
 

@@ -18,7 +18,21 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+  from compile.artifact import disk_full_error
   from compile.build import compile_artifact
-  report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out, precision=args.precision)
+  try:
+    report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out, precision=args.precision)
+  except Exception as e:
+    # a full disk can hit any write of the compile (tinygrad's kernel cache, temp model copies, the artifact): one clear line,
+    # exit 2, instead of a traceback from wherever it struck; the artifact itself is written atomically (compile/artifact.py)
+    full = None
+    x: BaseException | None = e
+    for _ in range(8):   # down the chain: tinygrad re-raises a compile worker's error with the original as its cause
+      if x is None or (full := disk_full_error(x, "while compiling", args.out)) is not None:
+        break
+      x = x.__cause__ or x.__context__
+    if full is None:
+      raise
+    raise full from None
   print(report.table())
   return 0
