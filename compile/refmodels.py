@@ -299,9 +299,27 @@ class WrittenModel:
   params: int
 
 
-def write_models(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> dict[str, WrittenModel]:
-  """Write driving_vision.onnx and driving_policy.onnx into out_dir, each atomically (temp file + os.replace)."""
+STAND_IN_DIR = Path(__file__).resolve().parent / "stand_in"
+
+
+def stand_in_model(kind: str):
+  """The trained stand-in (tiny architecture, weights from `modeld-msm train`), shipped as package data."""
+  import onnx
+
   from modeld_msm.errors import UserError
+  path = STAND_IN_DIR / f"driving_{kind}.onnx"
+  if not path.is_file():
+    raise UserError(f"the trained stand-in model {path} is missing from this install; reinstall modeld-msm or use random weights")
+  return onnx.load(str(path))
+
+
+def write_models(out_dir: str | Path, size: str = "tiny", seed: int = 0, stand_in: bool = False) -> dict[str, WrittenModel]:
+  """Write driving_vision.onnx and driving_policy.onnx into out_dir, each atomically (temp file + os.replace).
+
+  stand_in: the trained stand-in pair (tiny only; `seed` is then ignored) instead of random weights."""
+  from modeld_msm.errors import UserError
+  if stand_in and size != "tiny":
+    raise UserError(f"the trained stand-in exists for size 'tiny' only, not '{size}'; use random weights for '{size}'")
   out_dir = Path(out_dir)
   if out_dir.exists() and not out_dir.is_dir():
     raise UserError(f"output path {out_dir} exists and is not a directory; pass a directory with -o")
@@ -311,7 +329,7 @@ def write_models(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> dict
     raise UserError(f"cannot create output directory {out_dir}: {e.strerror}; choose a writable path") from None
   written = {}
   for kind in ("vision", "policy"):
-    model = build_model(kind, size, seed)
+    model = stand_in_model(kind) if stand_in else build_model(kind, size, seed)
     data = model.SerializeToString()
     path = out_dir / f"driving_{kind}.onnx"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=out_dir)

@@ -5,6 +5,7 @@ The matrix maps model pixels to camera pixels (camera_from_model, used without i
 """
 from __future__ import annotations
 
+import numpy as np
 from tinygrad import Tensor, dtypes
 
 from selfdrive_glue.nv12 import NV12Info
@@ -35,3 +36,23 @@ def warp_nv12(frame: Tensor, M: Tensor, info: NV12Info) -> Tensor:
   v = frame[uv_idx + 1].reshape(MODEL_H // 2, MODEL_W // 2)
   # ch0..3: Y at (even,even), (odd,even), (even,odd), (odd,odd) as (row, col) parity
   return Tensor.stack(y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], u, v)
+
+
+def _source_coords_np(M: np.ndarray, out_w: int, out_h: int, src_w: int, src_h: int) -> tuple[np.ndarray, np.ndarray]:
+  M = M.astype(np.float32)
+  y, x = np.mgrid[0:out_h, 0:out_w].astype(np.float32)
+  w = M[2, 0] * x + M[2, 1] * y + M[2, 2]
+  sx = np.rint((M[0, 0] * x + M[0, 1] * y + M[0, 2]) / w)   # np.rint rounds half to even, like tinygrad's round
+  sy = np.rint((M[1, 0] * x + M[1, 1] * y + M[1, 2]) / w)
+  return np.clip(sx, 0, src_w - 1).astype(np.int64), np.clip(sy, 0, src_h - 1).astype(np.int64)
+
+
+def warp_nv12_numpy(frame: np.ndarray, M: np.ndarray, info: NV12Info) -> np.ndarray:
+  """The same warp in numpy, float32 like the device's (for data preparation in worker processes without a device).
+  Equal to `warp_nv12` wherever float32 evaluation order does not move a source coordinate across a rounding tie."""
+  y_plane = frame[:info.stride * info.y_height].reshape(info.y_height, info.stride)[:info.height, :info.width]
+  uv = frame[info.uv_offset:info.uv_offset + info.stride * info.uv_height].reshape(info.uv_height, info.stride)[:info.height // 2, :info.width]
+  sx, sy = _source_coords_np(M, MODEL_W, MODEL_H, info.width, info.height)
+  y = y_plane[sy, sx]
+  ux, uy = _source_coords_np(M.astype(np.float32) * np.array(_UV_SCALE, np.float32), MODEL_W // 2, MODEL_H // 2, info.width // 2, info.height // 2)
+  return np.stack([y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], uv[:, 0::2][uy, ux], uv[:, 1::2][uy, ux]])

@@ -12,7 +12,7 @@ import sys
 from modeld_msm.errors import UserError
 
 COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "demo", "synth", "replay",
-            "regress", "doctor"]
+            "regress", "train", "doctor"]
 
 HELP = {
   "models": "write reference driving_vision.onnx / driving_policy.onnx (tiny or full)",
@@ -29,6 +29,7 @@ HELP = {
   "synth": "write a synthetic drive segment (rlog + HEVC) from procedurally rendered roads",
   "replay": "run logged segments through the model pipeline into an output log",
   "regress": "compare two replay output logs field by field",
+  "train": "train the tiny stand-in vision + policy on rendered drives (the recipe behind the demo's default models)",
   "doctor": "report tinygrad/tinymesa versions, kernel interfaces and render node facts",
 }
 

@@ -53,9 +53,8 @@ class SmokeInput:
 
 def make_input(camera: str, frames: int = SMOKE_FRAMES, seed: int = SEED) -> SmokeInput:
   from compile.program import DESIRE_LEN
-  from selfdrive_glue.camera import model_transforms
+  from selfdrive_glue.camera import model_transforms, sensor_and_device
   from selfdrive_glue.road_render import RoadScene
-  from selfdrive_glue.synth import sensor_and_device
   scene = RoadScene(seed, camera)
   pairs: list[tuple[np.ndarray, np.ndarray]] = []
   for k in range(DISTINCT_PAIRS):

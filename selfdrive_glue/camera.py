@@ -59,6 +59,11 @@ for _device in ("tici", "tizi", "mici"):
   DEVICE_CAMERAS[(_device, "os04c10")] = _os
 
 
+def sensor_and_device(camera: str) -> tuple[str, str]:
+  """(sensor, deviceType) of the device that has this camera size: 1344x760 is the mici's os04c10, 1928x1208 a tici's ar0231."""
+  return ("os04c10", "mici") if camera == "1344x760" else ("ar0231", "tici")
+
+
 def device_camera_config(device_type: str, sensor: str) -> DeviceCameraConfig:
   try:
     return DEVICE_CAMERAS[(str(device_type), str(sensor))]

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from modeld_msm.errors import UserError
+from selfdrive_glue.camera import sensor_and_device
 from selfdrive_glue.logs import LogWriter, write_qlog
 from selfdrive_glue.road_render import STEER_RATIO, WHEELBASE, EgoState, RoadScene
 from selfdrive_glue.route import QCAMERA, ROAD_CAMERA, WIDE_CAMERA, route_name, segment_name
@@ -62,10 +63,6 @@ def encoded_positions(n_frames: int, index: int, encode_index: bool = True) -> t
   if len(road) >= 3:
     road.pop(len(road) // 2)
   return road, wide
-
-
-def sensor_and_device(camera: str) -> tuple[str, str]:
-  return ("os04c10", "mici") if camera == "1344x760" else ("ar0231", "tici")
 
 
 class _Events:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from compile.warp import warp_nv12
+from compile.warp import warp_nv12, warp_nv12_numpy
 from selfdrive_glue.camera import model_transforms
 from selfdrive_glue.nv12 import NV12Info, nv12_info
 
@@ -29,22 +29,9 @@ def _planes(frame: np.ndarray, nv: NV12Info) -> tuple[np.ndarray, np.ndarray, np
   return y, uv[:, 0::2], uv[:, 1::2]
 
 
-def _source_coords(M: np.ndarray, out_w: int, out_h: int, src_w: int, src_h: int) -> tuple[np.ndarray, np.ndarray]:
-  M = M.astype(np.float32)
-  y, x = np.mgrid[0:out_h, 0:out_w].astype(np.float32)
-  w = M[2, 0] * x + M[2, 1] * y + M[2, 2]
-  sx = np.rint((M[0, 0] * x + M[0, 1] * y + M[0, 2]) / w)   # np.rint rounds half to even
-  sy = np.rint((M[1, 0] * x + M[1, 1] * y + M[1, 2]) / w)
-  return np.clip(sx, 0, src_w - 1).astype(np.int64), np.clip(sy, 0, src_h - 1).astype(np.int64)
-
-
 def reference_warp(frame: np.ndarray, M: np.ndarray, nv: NV12Info) -> np.ndarray:
-  y_plane, u_plane, v_plane = _planes(frame, nv)
-  sx, sy = _source_coords(M, OUT_W, OUT_H, nv.width, nv.height)
-  y = y_plane[sy, sx]
-  Muv = M.astype(np.float32) * np.array([[1, 1, .5], [1, 1, .5], [2, 2, 1]], np.float32)
-  ux, uy = _source_coords(Muv, OUT_W // 2, OUT_H // 2, nv.width // 2, nv.height // 2)
-  return np.stack([y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], u_plane[uy, ux], v_plane[uy, ux]])
+  # the numpy twin (compile/warp.py) is what training data is warped with: these tests hold it to the device warp
+  return warp_nv12_numpy(frame, M, nv)
 
 
 def _exact_grid(M: np.ndarray) -> np.ndarray:
