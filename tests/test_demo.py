@@ -42,6 +42,11 @@ def test_demo_summary_makes_sense(demo):
   acc = [s[k] for k in ("lane_error_m_p50", "lane_error_m_p90", "curvature_corr", "curvature_mae")]
   assert all(isinstance(v, float) and math.isfinite(v) for v in acc), acc
   assert 0 <= s["lane_error_m_p50"] <= s["lane_error_m_p90"] < 50 and -1 <= s["curvature_corr"] <= 1 and isinstance(s["accuracy_passes"], bool)
+  # the live pipeline (render -> VisionIPC -> warp -> model -> modelV2) keeps the stand-in's lane lines where the road is: a
+  # wrong intrinsic, calibration or output slice would put them metres off. (curvature_corr is not held here: over one
+  # short drive the true curvature hardly varies, so r says little; replay/regress report it.)
+  from modeld_msm.accuracy import LANE_ERROR_LIMIT_M
+  assert s["lane_error_m_p50"] <= LANE_ERROR_LIMIT_M, s
   assert f"{s['lane_error_m_p50']:.3f} / {s['lane_error_m_p90']:.3f}  (stand-in weights" in r.stdout and f"{s['curvature_corr']:.3f} / " in r.stdout
   assert (out / "modeld.log").exists() and (out / "camera.log").exists()
   assert sorted(p.name for p in out.iterdir()) == ["camera.log", "modeld.log", "plan.png", "summary.json"]   # no temp files left
