@@ -76,7 +76,7 @@ def synthetic_source(events: Iterable[Any], where: str = "segment") -> TruthSour
   from modeld_msm.core import DEFAULT_LAT_DELAY
   from modeld_msm.frame_map import SENSOR_SIZES
   from selfdrive_glue.synth import BOOT_NS
-  seed = sensor = None
+  seed = sensor = rpy = None
   lat = lat_action_t(DEFAULT_LAT_DELAY)  # what the core uses until the first liveDelay arrives
   frames: dict[int, tuple[float, float]] = {}
   for i, ev in enumerate(events):
@@ -94,6 +94,8 @@ def synthetic_source(events: Iterable[Any], where: str = "segment") -> TruthSour
                         "the log was edited or is not synth's") from None
     elif which == "liveDelay":
       lat = lat_action_t(float(ev.liveDelay.lateralDelay))
+    elif which == "liveCalibration" and rpy is None:
+      rpy = list(ev.liveCalibration.rpyCalib)
     elif which == "roadCameraState":
       st = ev.roadCameraState
       sensor = sensor or str(st.sensor)
@@ -104,7 +106,13 @@ def synthetic_source(events: Iterable[Any], where: str = "segment") -> TruthSour
     raise UserError(f"{where}: initData says synth wrote it but its road camera sensor is {sensor!r}, not one of "
                     f"{', '.join(sorted(SENSOR_SIZES))}")
   w, h = SENSOR_SIZES[sensor]
-  return TruthSource(seed, f"{w}x{h}", frames)
+  source = TruthSource(seed, f"{w}x{h}", frames)
+  # synth logs the scene's own camera rotation: a seed that does not reproduce it (edited, or masked to 64 bits by the
+  # dongleId) would hold the outputs to another road
+  if rpy is not None and not np.allclose(rpy, _scene(seed, source.camera).calib_rpy, atol=1e-6):
+    raise UserError(f"{where}: initData names scene seed {seed}, but that scene's calibration {list(_scene(seed, source.camera).calib_rpy)} "
+                    f"is not the logged {rpy}; the log is not synth's drive {seed}, so there is no ground truth for it")
+  return source
 
 
 def segment_source(seg: Segment) -> TruthSource | None:

@@ -66,6 +66,16 @@ def test_other_segments_get_no_truth():
     bad.append(ev)
   with pytest.raises(UserError, match="dongleId 'not-hex' is not the scene seed"):
     synthetic_source(bad)
+  # a seed that is hex but not this drive's (its scene's calibration is not the logged one): refused, not scored against another road
+  other = []
+  for ev in _events():
+    if ev.which() == "initData":
+      m = messaging.new_message("initData", logMonoTime=ev.logMonoTime)
+      m.initData.dongleId, m.initData.version, m.initData.gitBranch = f"{SEED + 1:016x}", "modeld-msm synth", "synth"
+      ev = messaging.log_from_bytes(m.to_bytes())
+    other.append(ev)
+  with pytest.raises(UserError, match=f"initData names scene seed {SEED + 1}, but that scene's calibration"):
+    synthetic_source(other)
 
 
 def test_evaluate_scores_against_the_truth_and_refuses_foreign_frames():
