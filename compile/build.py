@@ -30,6 +30,7 @@ from compile import artifact as art_mod
 from compile import cpu_layout, cpu_search
 from compile import precision as precision_mod
 from compile.jit_pickle import pickle_programs, unpickle_programs
+from compile.metres import describe, metres_apart
 from compile.onnx_model import OnnxModelInfo, load_model_info
 from modeld_msm.errors import UserError
 from selfdrive_glue.nv12 import NV12Info, nv12_info
@@ -83,6 +84,7 @@ def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: Co
   from tinygrad import Tensor
   sess = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
   worst = 0.0
+  apart: dict[str, float] = {}
   for _ in range(2):
     feeds = {}
     for name, shape in info.input_shapes.items():
@@ -99,12 +101,15 @@ def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: Co
       raise UserError(f"{info.kind} model produces non-finite outputs under tinygrad; check the model file")
     excess = np.abs(got - ref) - (ORT_ATOL + ORT_RTOL * np.abs(ref))
     worst = max(worst, float(np.abs(got - ref).max()))
+    for k, v in metres_apart(got, ref, info.output_slices).items():
+      apart[k] = max(apart.get(k, 0.0), v)
     if (excess > 0).any():
       i = int(np.argmax(excess))
       where = _locate(lambda feed=inputs: next(iter(runner(feed).values())).float().numpy())
       raise UserError(f"{info.kind} model: tinygrad and onnxruntime disagree at output {i}: {got.flat[i]:.5g} vs {ref.flat[i]:.5g} "
                       f"(tolerance {ORT_ATOL} + {ORT_RTOL}*|ref|)" + (f"; {where}" if where else ""))
-  report.checks.append((f"{info.kind} vs onnxruntime", "ok", f"max |diff| {worst:.3g} (tol {ORT_ATOL}+{ORT_RTOL}*|ref|)"))
+  metres = f"; on the road: {describe(apart)}" if apart else ""
+  report.checks.append((f"{info.kind} vs onnxruntime", "ok", f"max |diff| {worst:.3g} (tol {ORT_ATOL}+{ORT_RTOL}*|ref|){metres}"))
 
 
 def _emu_node(dev_name: str):

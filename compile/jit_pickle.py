@@ -201,6 +201,10 @@ class _CanonicalPickler(_PyPickler):
 
     from tinygrad.uop.ops import Ops
     fn, args = u.__reduce__()
+    # metadata is tinygrad's trace of which Tensor call made a uop; uops are interned by value, so whether a captured
+    # one carries it depends on what ran earlier in the process (after a backward pass it does): not needed to run, not
+    # reproducible, and not a class the loader admits
+    args = (*args[:5], None, *args[6:])
     if u.op is Ops.BUFFER and hasattr(arg := args[3], "slot") and getattr(arg, "device", None) is not None:
       slot = self.slots.setdefault((arg.slot, arg.device, arg.dtype), len(self.slots))
       args = (*args[:3], replace(arg, slot=slot), *args[4:])

@@ -74,6 +74,29 @@ def test_same_capture_in_one_process_gives_the_same_bytes():
   assert pickle_programs(a) == pickle_programs(b)
 
 
+def test_a_backward_pass_earlier_in_the_process_does_not_reach_the_pickle():
+  """tinygrad interns uops by value and a backward pass leaves Metadata on the ones it made: a capture afterwards reuses
+  them. Training in the same process (modeld-msm train, tests) must not make artifacts unloadable or different."""
+  from tinygrad import Tensor
+  from tinygrad.helpers import Context
+  a, _, _ = _stateful_jit()
+  _run(a, _inputs(3))
+  before = pickle_programs(a)
+  with Context(TRAINING=1):   # the same shapes and ops as the JIT, differentiated
+    rng = np.random.default_rng(0)
+    w = Tensor(rng.standard_normal((64, 64)).astype(np.float32)).realize()
+    x = Tensor(rng.standard_normal((1, 64)).astype(np.float32)).realize()
+    h = (x @ w).relu().contiguous()
+    (h @ w + h.sum()).sum().backward()
+  b, _, _ = _stateful_jit()
+  xs = _inputs(5)
+  _run(b, xs[:3])
+  after = pickle_programs(b)
+  assert after == before and b"Metadata" not in after[0]
+  (loaded,) = unpickle_programs(*after)
+  assert np.array_equal(_run(loaded, xs[3:])[0], _run(b, xs[3:])[0])
+
+
 def test_shared_buffers_keep_one_name_across_blobs():
   """The policy and warp JITs share queues: one slot table serves both blobs, so they still share after loading."""
   from tinygrad import Tensor, TinyJit

@@ -90,18 +90,20 @@ def _fit(graph: TrainableGraph, feeds_of, targets: Targets, n: int, steps: int, 
       idx = np.sort(rng.choice(n, batch, replace=False))
       yield feeds_of(idx), targets.y[idx], targets.w[idx]
 
+  warmup = max(1, min(100, steps // 10))
+  window = max(1, min(50, steps // 4))   # first and last losses are averaged over this many steps
   losses: list[float] = []
   bar = tqdm(_prefetch(batches()), total=steps, desc=label, unit="step", mininterval=2)
   with Context(TRAINING=1):
     for i, (feeds_np, y, w) in enumerate(bar):
       # cosine decay with a short warm-up: the fold makes the first steps large otherwise
-      f = min(1.0, (i + 1) / 100) * 0.5 * (1 + math.cos(math.pi * i / steps))
+      f = min(1.0, (i + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * i / steps))
       opt.lr.assign(Tensor([lr * f], dtype=opt.lr.dtype)).realize()
       lv = float(step({k: Tensor(v) for k, v in feeds_np.items()}, Tensor(y), Tensor(w)).item())
       losses.append(lv)
       if i % 50 == 0:
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
-  log(f"[train] {label}: loss {np.mean(losses[:50]):.3f} -> {np.mean(losses[-50:]):.3f} over {steps} steps")
+  log(f"[train] {label}: loss {np.mean(losses[:window]):.3f} -> {np.mean(losses[-window:]):.3f} over {steps} steps")
   return losses
 
 
