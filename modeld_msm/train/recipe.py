@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from compile.refmodels import VISION_SLICES, build_model
+from compile.refmodels import POLICY_WIDTH, VISION_SLICES, build_model
 from modeld_msm.train.data import Drives, render_drives
 from modeld_msm.train.graph import TrainableGraph
 from modeld_msm.train.targets import Targets, loss, policy_targets, vision_targets
@@ -116,16 +116,15 @@ def _named(model: Any, recipe: Recipe) -> Any:
   return model
 
 
-def hidden_states(vision_onnx: Any, drives: Drives, batch: int = 64) -> np.ndarray:
-  """(N, 512) fp16-run hidden states of every frame, as the shipped vision computes them (onnxruntime)."""
+def hidden_states(vision_onnx: Any, drives: Drives) -> np.ndarray:
+  """(N, 512) hidden states of every frame as the shipped fp16 vision computes them (onnxruntime, batch 1 like modeld)."""
   import onnxruntime as ort
   sess = ort.InferenceSession(vision_onnx.SerializeToString(), providers=["CPUExecutionProvider"])
   hs = VISION_SLICES["hidden_state"]
   out = np.zeros((len(drives), hs.stop - hs.start), np.float32)
-  for s in range(0, len(drives), batch):
-    for i in range(s, min(s + batch, len(drives))):
-      img, big = drives.vision_input(np.array([i]))
-      out[i] = sess.run(None, {"img": img, "big_img": big})[0][0, hs].astype(np.float32)
+  for i in range(len(drives)):
+    img, big = drives.vision_input(np.array([i]))
+    out[i] = sess.run(None, {"img": img, "big_img": big})[0][0, hs].astype(np.float32)
   return out
 
 
@@ -163,7 +162,6 @@ def train(recipe: Recipe, out_dir: Path, log=print, vision_onnx: Any = None) -> 
 
   log("[train] hidden states of every frame through the exported (fp16) vision")
   hidden = hidden_states(vision_onnx, drives)
-  from compile.refmodels import POLICY_WIDTH
   policy = TrainableGraph(build_model("policy", "tiny", recipe.seed), POLICY_WIDTH)
   rng = np.random.default_rng([recipe.seed, 2])   # its own stream: the policy stage is the same whether stage 1 ran here or not
   tc = np.zeros((len(drives), 1, 2), np.float32)
