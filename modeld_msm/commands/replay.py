@@ -25,6 +25,10 @@ def add_arguments(p) -> None:
                       "(see docs/replay-at-scale.md)")
   p.add_argument("--address", metavar="ADDR", help="--engine ray: the cluster to join, e.g. 10.0.0.5:6379 (default: $RAY_ADDRESS, else "
                                                    "start a private one on this machine)")
+  p.add_argument("--gpus-per-actor", type=float, default=None, metavar="F",
+                 help="--engine ray with a GPU artifact (CUDA/NV/AMD): each worker's share of a GPU, passed to Ray as num_gpus, so "
+                      "1/F workers share each GPU (default 0.25 = 4 per GPU: one replayer is bound by decode on its CPU, not by the "
+                      "GPU). CPU artifacts take no GPU (0)")
   p.add_argument("--mode", choices=("segment", "warmup", "route"), default="segment",
                  help="model state at each segment's start: segment = fresh, like process_replay (default); warmup = first replay "
                       "the last --warmup-steps frames of the previous segment of the route, outputs thrown away (segments stay "
@@ -43,6 +47,9 @@ def run(args) -> int:
     raise UserError(f"--jobs must be >= 1, got {args.jobs}")
   if args.address and args.engine != "ray":
     raise UserError("--address is the Ray cluster to use; add --engine ray (or drop --address)")
+  if args.gpus_per_actor is not None and args.engine != "ray":
+    raise UserError("--gpus-per-actor places Ray workers on GPUs; add --engine ray (the local engine runs --jobs processes on "
+                    "whatever device the artifact names)")
   segments = expand_segments(args.segments)
   if args.artifact is None:
     args.artifact = _default_artifact(segments, args.models)
@@ -54,8 +61,12 @@ def run(args) -> int:
   if args.engine == "ray":
     from modeld_msm.replay_ray import replay_ray
     run_ = replay_ray(segments, args.artifact, args.output, jobs=args.jobs, address=args.address, progress=not args.quiet, mode=args.mode,
-                      warmup_steps=args.warmup_steps)
+                      warmup_steps=args.warmup_steps, gpus_per_actor=args.gpus_per_actor)
     results, done_before, restarts = run_.results, run_.done_before, run_.restarts
+    if run_.gpus_per_actor:
+      on = sorted({i for ids in run_.gpu_ids or [] for i in ids})
+      print(f"modeld-msm replay: {run_.workers} Ray worker(s), {run_.gpus_per_actor:g} GPU each, on GPU(s) {', '.join(on) or '?'}",
+            file=sys.stderr)
   else:
     results = replay_many(segments, args.artifact, args.output, jobs=args.jobs or 1, progress=not args.quiet, mode=args.mode,
                           warmup_steps=args.warmup_steps)
