@@ -13,6 +13,8 @@ def add_arguments(p) -> None:
                  help="compiled artifact for the segments' camera size (default: $MODELD_ARTIFACT, else the reference models below, "
                       "compiled for CPU once and cached like the demo's)")
   p.add_argument("--models", choices=("tiny", "full"), default="tiny", help="reference models used when no artifact is given (default tiny)")
+  p.add_argument("--random-weights", action="store_true",
+                 help="with no artifact: the random-weight tiny models instead of the trained stand-in (full is always random)")
   p.add_argument("-o", "--output", required=True, metavar="OUT",
                  help="output log file (one segment, .zst/.bz2) or directory (<segment>.zst per segment)")
   p.add_argument("-j", "--jobs", type=int, default=None,
@@ -52,7 +54,7 @@ def run(args) -> int:
                     "whatever device the artifact names)")
   segments = expand_segments(args.segments)
   if args.artifact is None:
-    args.artifact = _default_artifact(segments, args.models)
+    args.artifact = _default_artifact(segments, args.models, stand_in=args.models == "tiny" and not args.random_weights)
   elif not args.artifact:
     raise UserError("--artifact is empty; pass an artifact directory (modeld-msm compile --device CPU -o DIR)")
   if args.warmup_steps < 0:
@@ -99,8 +101,9 @@ def run(args) -> int:
   return 0
 
 
-def _default_artifact(segments, size: str):
-  """The reference models compiled for the first segment's camera size on CPU (cached, as `modeld-msm demo` does)."""
+def _default_artifact(segments, size: str, stand_in: bool):
+  """The reference models (tiny: the trained stand-in unless asked otherwise) compiled for the first segment's camera size
+  on CPU, cached as `modeld-msm demo` does: synthetic segments then get accuracy numbers that mean something."""
   from modeld_msm.demo import cached_artifact
   from modeld_msm.errors import UserError
   from selfdrive_glue.route import ROAD_CAMERA
@@ -109,4 +112,4 @@ def _default_artifact(segments, size: str):
   if road is None:
     raise UserError(f"segment {segments[0].path}: missing camera file {ROAD_CAMERA}")
   vr = VideoReader(road)
-  return cached_artifact(size, f"{vr.width}x{vr.height}", "CPU", log=lambda m: print(m, file=sys.stderr))
+  return cached_artifact(size, f"{vr.width}x{vr.height}", "CPU", log=lambda m: print(m, file=sys.stderr), stand_in=stand_in)
