@@ -245,14 +245,26 @@ def process_rows(artifact: Path) -> None:
     big.size, big.info = (1344, 760), nv12_info(1344, 760)
     h.srv = big.camera_server(h.streams)
     h.frame = h.frame[:big.info.size]
-    lost = 0
+    lost, printed = 0, ""
     for _ in range(20):
-      m, _ = h.step(n, timeout=0.25)
+      if h.proc.poll() is not None:
+        break   # modeld refused the stream and exited (the manager restarts it); the harness asserts on a dead modeld
+      try:
+        m, _ = h.step(n, timeout=0.25)
+      except AssertionError as e:
+        printed = str(e)   # it exited while this frame was waited for; the harness read what it printed into the message
+        break
       n += 1
       lost += m is None
     alive = h.proc.poll() is None
-    row("frames of wrong size", "camera server restarted at 1344x760 (artifact is 1928x1208)",
-        ("alive, no outputs for the wrong size" if alive else f"exited {h.proc.returncode}"), lost, "-", leak(h, before) if alive else "-")
+    if alive:
+      did = "alive, no outputs for the wrong size"
+    else:
+      printed = printed or (h.proc.stdout.read() if h.proc.stdout else "")
+      why = next((ln.split("error: ", 1)[1] for ln in printed.splitlines() if "error: " in ln), "")
+      did = f"exited {h.proc.returncode}" + (f": {why[:120]}" if why else "")
+    row("frames of wrong size", "camera server restarted at 1344x760 (artifact is 1928x1208)", did,
+        f"{lost}, then all until restarted" if not alive else lost, "-", leak(h, before) if alive else "-")
   finally:
     h.close()
 
