@@ -30,11 +30,11 @@ HISTORY = 25
 class Recipe:
   seed: int = 0
   camera: str = "1928x1208"
-  train_drives: int = 160
+  train_drives: int = 200
   eval_drives: int = 16
-  frames_per_drive: int = 40
+  frames_per_drive: int = 80   # 16 s: most samples see a full 5 s feature history, as modeld does after its first 5 s
   vision_steps: int = 3500
-  policy_steps: int = 2000
+  policy_steps: int = 4000
   batch: int = 64
   lr: float = 2e-3
   workers: int = 0       # render processes (0: render here)
