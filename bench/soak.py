@@ -15,7 +15,9 @@ open fds, threads; for the run: /dev/shm entries under the run's OPENPILOT_PREFI
 runs under a wrapper (this file with --modeld-child) that reports the emulated node's GEM handles, BO memory held, jobs in
 flight and BOs they pin, and faults (hangs counted, page faults logged) to a side file every second.
 
-Slope is a least-squares fit over the second half of the samples (after warm-up), per 1000 frames.
+Slope is a least-squares fit over the second half of the samples (after warm-up), per 1000 frames. Read growth from anon KB
+(the heap): private KB also counts pages of memfds (GEM BOs, VisionIPC buffers) whenever only modeld maps them at that
+moment, so it swings by tens of MB between samples (measured on EMU level A: 180 <-> 217 MB) and its slope is noise.
 """
 from __future__ import annotations
 
