@@ -245,6 +245,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
         raise UserError(f"internal error: QCOM capture opened {type(getattr(Device[dev_name], 'iface', None)).__name__}, not the "
                         "emulated render node; please report it")
       node.set_execute(True)
+      node.fault_policy = "strict"   # a page fault while capturing must fail the build, not leave quietly wrong outputs behind
     rng = np.random.default_rng(42)
     t = time.perf_counter()
     log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
