@@ -85,7 +85,7 @@ def test_stand_in_meets_its_bar_on_a_held_out_drive(stand_in_artifact):
   assert "vision vs onnxruntime" in log and "on the road: lane lines at 20 m" in log and "plan positions" in log
   s, diff = _drive(stand_in_artifact)
   assert diff < 1, "the artifact and onnxruntime disagree on the same inputs"
-  assert s["lane_error_m_p50"] < accuracy.LANE_ERROR_LIMIT_M / 3, s
+  assert s["lane_error_m_p50"] < BUG_BAR_M, s   # clean is on the good side of the bar the planted bugs must cross
   assert s["frames"] == FRAMES - 4
 
 
@@ -99,7 +99,10 @@ def test_planted_geometry_bug_is_seen_by_accuracy_not_by_the_runtime_comparison(
   assert s["lane_error_m_p50"] > BUG_BAR_M, f"{bug}: lane error {s['lane_error_m_p50']:.3f} m did not cross {BUG_BAR_M} m"
 
 
-BUG_BAR_M = 0.1   # 10x the stand-in's held-out median error (~0.01 m), a third of the model's accuracy bar
+# twice the stand-in's held-out median error (~0.01 m). A focal-length error mostly rescales distance on a flat road (the
+# lines are drawn as if a few % nearer or farther, at nearly the same lateral position), so its lateral signature is the
+# smallest of the three (~0.035 m at +5 %); a flipped calibration or a shifted slice is metres off
+BUG_BAR_M = 0.02
 
 
 def test_stand_in_is_shipped_with_its_recipe_and_measured_accuracy():
