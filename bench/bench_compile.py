@@ -184,7 +184,8 @@ def _profile(models: Path, dev: str, precision: str, layout: bool, searched, fra
     for _ in range(2):
       [t.numpy() for t in prog.run_policy(*args)]
   buf = io.StringIO()
-  with contextlib.redirect_stdout(buf), Context(DEBUG=2):
+  # under the same BEAM as the warm-up: tinygrad keys its lowered kernels by it, so a pass without would re-lower heuristically
+  with contextlib.redirect_stdout(buf), _lowering(searched), Context(DEBUG=2):
     [t.numpy() for t in prog.run_policy(*args)]
   agg: dict[str, dict] = {}
   for line in re.sub(r"\x1b\[[0-9;]*m", "", buf.getvalue()).splitlines():
