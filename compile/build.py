@@ -209,7 +209,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   report.checks.append(("model contract", "ok", f"vision out {vinfo.output_width}, policy out {pinfo.output_width}, "
                         f"{len(vinfo.output_slices)}+{len(pinfo.output_slices)} slices"))
   compute, why = precision_mod.choose(device, precision)
-  # the CLI has no flag for these yet: MODELD_CPU_LAYOUT / MODELD_CPU_SEARCH override them for a compile (benchmarks, A/B)
+  # compile --layout/--search, else MODELD_CPU_LAYOUT / MODELD_CPU_SEARCH (benchmarks, A/B)
   use_layout, layout_why = cpu_layout.choose(device, layout or os.environ.get("MODELD_CPU_LAYOUT", "auto"))
   search_key = cpu_search.match_key(device=device, precision=compute, layout=use_layout, camera=camera,
                                     model_sha256={"vision": vinfo.sha256, "policy": pinfo.sha256})

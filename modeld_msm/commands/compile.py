@@ -15,13 +15,20 @@ def add_arguments(p) -> None:
   p.add_argument("-o", "--out", required=True, help="artifact directory to write (replaced atomically)")
   p.add_argument("--precision", choices=("auto", "fp16", "fp32"), default="auto",
                  help="compute precision of a CPU artifact (default auto: fp32 unless this CPU has native fp16; QCOM is always fp16)")
+  p.add_argument("--layout", choices=("auto", "on", "off"), default=None,
+                 help="CPU layout (transposed constant weights, dense convolutions materialised); default auto = on for CPU targets, "
+                      "or $MODELD_CPU_LAYOUT")
+  p.add_argument("--search", choices=("auto", "off"), default=None,
+                 help="the shipped kernel search (compile/cpu_search_table.json), used only where it was recorded for these models; "
+                      "default auto, or $MODELD_CPU_SEARCH")
 
 
 def run(args) -> int:
   from compile.artifact import disk_full_error
   from compile.build import compile_artifact
   try:
-    report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out, precision=args.precision)
+    report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out, precision=args.precision,
+                              layout=args.layout, search=args.search)
   except Exception as e:
     # a full disk can hit any write of the compile (tinygrad's kernel cache, temp model copies, the artifact): one clear line,
     # exit 2, instead of a traceback from wherever it struck; the artifact itself is written atomically (compile/artifact.py)
