@@ -3,8 +3,9 @@
 A drive is one RoadScene seed sampled every 0.2 s (FRAME_SKIP model frames at 20 Hz): exactly the spacing of the two
 frames stacked in the vision input (queue rows t-4 and t) and of the policy's feature history, so frame k's vision input
 is (warp k-1, warp k) and its features buffer is the hidden states of frames k-24..k (zeros before the drive starts,
-as modeld's queues start). Frames are warped with compile/warp.py's `warp_nv12` under the transforms modeld computes
-from the scene's calibration (selfdrive_glue/camera.py's `model_transforms`), on the CPU device.
+as modeld's queues start). Frames are warped with compile/warp.py's numpy twin of modeld's `warp_nv12` (held to it by
+tests/test_warp.py) under the transforms modeld computes from the scene's calibration (`model_transforms`), in the
+render worker processes.
 """
 from __future__ import annotations
 
