@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,15 +173,20 @@ def process_rows(artifact: Path) -> None:
 
   from selfdrive_glue import messaging
 
+  @contextmanager
   def harness():
+    """A warmed-up modeld between our camera server and publishers -> (harness, next frame id, its fds/threads now); closed on exit."""
     os.environ["OPENPILOT_PREFIX"] = f"fm{uuid.uuid4().hex[:8]}"
     h = ModeldHarness(artifact)
-    h.start(1)
-    n = 2
-    for _ in range(5):
-      h.step(n)
-      n += 1
-    return h, n
+    try:
+      h.start(1)
+      n = 2
+      for _ in range(5):
+        h.step(n)
+        n += 1
+      yield h, n, modeld_resources(h.proc.pid)
+    finally:
+      h.close()
 
   def recover(h, n, tries=100):
     """Step until modeld answers; -> (frames without an answer, seconds, next frame id)."""
@@ -198,22 +204,16 @@ def process_rows(artifact: Path) -> None:
     return f"fds {after[0] - before[0]:+d}, threads {after[1] - before[1]:+d}"
 
   # camerad restart
-  h, n = harness()
-  try:
-    before = modeld_resources(h.proc.pid)
+  with harness() as (h, n, before):
     h.restart_camera()
     lost, dt, n = recover(h, n)
     for _ in range(5):
       h.step(n)
       n += 1
     row("camerad restart", "camera server closed, new one 0.5 s later", "reconnected, outputs resumed", lost, dt, leak(h, before))
-  finally:
-    h.close()
 
   # publisher restart, corrupt + truncated messages
-  h, n = harness()
-  try:
-    before = modeld_resources(h.proc.pid)
+  with harness() as (h, n, before):
     h.pm.close()
     h.pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration", "carState"])
     lost, dt, n = recover(h, n)
@@ -231,13 +231,9 @@ def process_rows(artifact: Path) -> None:
       lost += m is None
     row("corrupt/truncated msgs", "20 bad liveCalibration + carState (truncated, zeros, random)", "dropped and counted; model kept publishing",
         lost, time.monotonic() - t0 if lost else "0 ms", leak(h, before))
-  finally:
-    h.close()
 
   # wrong frame size
-  h, n = harness()
-  try:
-    before = modeld_resources(h.proc.pid)
+  with harness() as (h, n, before):
     from selfdrive_glue.nv12 import nv12_info
     h.srv.close()
     time.sleep(0.5)
@@ -265,21 +261,16 @@ def process_rows(artifact: Path) -> None:
       did = f"exited {h.proc.returncode}" + (f": {why[:120]}" if why else "")
     row("frames of wrong size", "camera server restarted at 1344x760 (artifact is 1928x1208)", did,
         f"{lost}, then all until restarted" if not alive else lost, "-", leak(h, before) if alive else "-")
-  finally:
-    h.close()
 
   # SIGTERM / SIGINT mid-step
   for sig, name in ((15, "SIGTERM"), (2, "SIGINT")):
-    h, n = harness()
-    try:
+    with harness() as (h, n, _):
       h.send(n)
       time.sleep(0.02)   # inside the step that frame started
       t0 = time.monotonic()
       h.proc.send_signal(sig)
       rc = h.proc.wait(30)
       row(f"{name} mid-step", f"{name} 20 ms after a frame", f"exit status {rc}", "-", time.monotonic() - t0, "-")
-    finally:
-      h.close()
 
 
 # ---- in-process -------------------------------------------------------------------------------------------------------
