@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from selfdrive_glue.road_truth import X_IDXS
+from selfdrive_glue.model_grids import X_IDXS
 
 AT_M = 20.0
 

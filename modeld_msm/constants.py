@@ -1,27 +1,16 @@
 """Model I/O constants of the split driving model (vision + policy): time/distance grids, head widths, index layouts.
 
-Values are the ones openpilot's modeld publishes with; the grids are built with the same Python float expressions so
-that the numbers on the wire match bit for bit.
+Values are the ones openpilot's modeld publishes with; the grids (selfdrive_glue/model_grids.py) are built with the same
+Python float expressions so that the numbers on the wire match bit for bit.
 """
 from __future__ import annotations
 
 import numpy as np
 
+# the output grids live with the renderer's truth, the lowest layer that uses them
+from selfdrive_glue.model_grids import IDX_N, LEAD_T_IDXS, LEAD_T_OFFSETS, META_T_IDXS, T_IDXS, X_IDXS  # noqa: F401 (re-exported)
+
 DT_MDL = 0.05  # s, one model step at 20 Hz
-
-IDX_N = 33
-
-
-def _quadratic_grid(end: float) -> list[float]:
-  # denser near the car, where precision matters most
-  return [end * (i / (IDX_N - 1)) ** 2 for i in range(IDX_N)]
-
-
-T_IDXS: list[float] = _quadratic_grid(10.0)   # s
-X_IDXS: list[float] = _quadratic_grid(192.0)  # m
-LEAD_T_IDXS: list[float] = [0., 2., 4., 6., 8., 10.]
-LEAD_T_OFFSETS: list[float] = [0., 2., 4.]
-META_T_IDXS: list[float] = [2., 4., 6., 8., 10.]
 
 # inputs
 N_FRAMES = 2

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from selfdrive_glue import model_grids
 from selfdrive_glue.road_render import CAM_HEIGHT, MAX_DIST, RoadScene
 
-IDX_N = 33
-X_IDXS = np.array([192.0 * (i / (IDX_N - 1)) ** 2 for i in range(IDX_N)])   # m, modeld's lane-line grid
-T_IDXS = np.array([10.0 * (i / (IDX_N - 1)) ** 2 for i in range(IDX_N)])    # s, modeld's plan grid
-LEAD_T_IDXS = np.array([0., 2., 4., 6., 8., 10.])
-LEAD_T_OFFSETS = np.array([0., 2., 4.])
+X_IDXS = np.array(model_grids.X_IDXS)   # m, modeld's lane-line grid
+T_IDXS = np.array(model_grids.T_IDXS)   # s, modeld's plan grid
+LEAD_T_IDXS = np.array(model_grids.LEAD_T_IDXS)
+LEAD_T_OFFSETS = np.array(model_grids.LEAD_T_OFFSETS)
+IDX_N = model_grids.IDX_N
 LANE_OFFSETS = (-1.5, -0.5, 0.5, 1.5)   # lane widths from the ego lane's centre: outer left, left, right, outer right
 EDGE_MARGIN = 0.3                       # m of asphalt beyond the outer lines (the renderer's asphalt span)
 
