@@ -77,6 +77,11 @@ def get_curvature_from_plan(yaws: np.ndarray, yaw_rates: np.ndarray, t_idxs=T_ID
   return curv_from_psis(psi_target, yaw_rates[0], v_ego, action_t)
 
 
+def plan_curvature(plan: np.ndarray, v_ego: float, lat_t: float) -> float:
+  """Curvature of a parsed (33, 15) plan at lat_t, before smoothing: the heading it reaches there and its first yaw rate."""
+  return get_curvature_from_plan(plan[:, Plan.T_FROM_CURRENT_EULER][:, 2], plan[:, Plan.ORIENTATION_RATE][:, 2], T_IDXS, v_ego, lat_t)
+
+
 def action_times(long_actuator_delay: float, lateral_delay: float) -> tuple[float, float]:
   """(long_action_t, lat_action_t) from CarParams.longitudinalActuatorDelay and liveDelay.lateralDelay."""
   return long_actuator_delay + LONG_SMOOTH_SECONDS + ACTION_T_OFFSET, lateral_delay + LAT_SMOOTH_SECONDS + ACTION_T_OFFSET
@@ -98,7 +103,7 @@ def get_action(plan: np.ndarray, prev_action: Action, long_delay: float, lat_del
   accel, should_stop = get_accel_from_plan(plan[:, Plan.VELOCITY][:, 0], plan[:, Plan.ACCELERATION][:, 0], T_IDXS, long_t)
   accel = smooth_value(accel, prev_action.desiredAcceleration, LONG_SMOOTH_SECONDS)
 
-  curvature = get_curvature_from_plan(plan[:, Plan.T_FROM_CURRENT_EULER][:, 2], plan[:, Plan.ORIENTATION_RATE][:, 2], T_IDXS, v_ego, lat_t)
+  curvature = plan_curvature(plan, v_ego, lat_t)
   if v_ego > MIN_LAT_CONTROL_SPEED:
     curvature = smooth_value(curvature, prev_action.desiredCurvature, LAT_SMOOTH_SECONDS)
   else:

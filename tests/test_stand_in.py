@@ -9,8 +9,7 @@ import pytest
 
 from compile.refmodels import STAND_IN_DIR, VISION_SLICES, stand_in_model
 from modeld_msm import accuracy
-from modeld_msm.actions import action_times, get_curvature_from_plan
-from modeld_msm.constants import T_IDXS, Plan
+from modeld_msm.actions import action_times, plan_curvature
 from selfdrive_glue.camera import device_camera_config, get_warp_matrix, sensor_and_device
 from selfdrive_glue.road_render import RoadScene
 from selfdrive_glue.road_truth import truth
@@ -67,7 +66,7 @@ def _drive(artifact, rpy_sign: float = 1.0, focal_scale: float = 1.0, slice_shif
     tr = truth(scene, t, lat_t)
     errors.append(accuracy.lane_errors(out["lane_lines"][0, :, :, 0], tr))
     plan = out["plan"][0]
-    cp.append(get_curvature_from_plan(plan[:, Plan.T_FROM_CURRENT_EULER][:, 2], plan[:, Plan.ORIENTATION_RATE][:, 2], T_IDXS, tr.v_ego, lat_t))
+    cp.append(plan_curvature(plan, tr.v_ego, lat_t))
     ct.append(tr.desired_curvature)
   # the runtime comparison: onnxruntime on the same two warped frames (t-4 and t) gives the artifact's vision output
   (r0, w0), (r1, w1) = warped[-5], warped[-1]

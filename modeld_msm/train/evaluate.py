@@ -7,14 +7,12 @@ import numpy as np
 
 from compile.refmodels import POLICY_SLICES, VISION_SLICES
 from modeld_msm import accuracy
-from modeld_msm.actions import action_times, get_curvature_from_plan
-from modeld_msm.constants import T_IDXS, Plan
+from modeld_msm.actions import action_times, plan_curvature
+from modeld_msm.core import DEFAULT_LAT_DELAY  # modeld's lateral delay until a liveDelay arrives (the demo sends none)
 from modeld_msm.parse_outputs import parse_policy_outputs, parse_vision_outputs, slice_outputs
 from modeld_msm.train.data import Drives
 from selfdrive_glue.road_render import RoadScene
 from selfdrive_glue.road_truth import curvature_right
-
-DEFAULT_LAT_DELAY = 0.2   # modeld's default when no liveDelay arrives (the demo sends none)
 
 
 def evaluate(vision_onnx: Any, policy_onnx: Any, drives: Drives) -> dict[str, float]:
@@ -47,7 +45,7 @@ def evaluate(vision_onnx: Any, policy_onnx: Any, drives: Drives) -> dict[str, fl
     if tr.lead_prob[0] > 0:
       lead_err.append(abs(float(out["lead"][0, 0, 0, 0]) - float(tr.lead[0, 0, 0])))
     plan = out["plan"][0]
-    cp.append(get_curvature_from_plan(plan[:, Plan.T_FROM_CURRENT_EULER][:, 2], plan[:, Plan.ORIENTATION_RATE][:, 2], T_IDXS, tr.v_ego, lat_t))
+    cp.append(plan_curvature(plan, tr.v_ego, lat_t))
     seed = drives.seeds[int(drives.drive[i])]
     scene = scenes.setdefault(seed, RoadScene(seed, drives.camera))
     ct.append(curvature_right(scene, tr.t + lat_t))
