@@ -79,6 +79,7 @@ def worker(models: Path, device: str, iters: int, precision: str, profile: bool 
   res["precision"] = meta["precision"]["compute"]
   res["layout"] = bool(meta.get("cpu_layout", {}).get("on"))
   res["search"] = meta.get("search", {}).get("beam") or 0
+  res["threads"] = meta.get("cpu_threads") or 1
 
   from tinygrad import Device
   dev = Device.DEFAULT
@@ -262,7 +263,7 @@ def _label(r: dict) -> str:
   cfg = cfg.replace("MODELD_CPU_LAYOUT=", "layout=").replace("MODELD_CPU_SEARCH=", "search=")
   if "error" in r:
     return cfg
-  return f"{cfg} [{'L' if r.get('layout') else '-'}{'B' + str(r['search']) if r.get('search') else '-'}]"
+  return f"{cfg} [{'L' if r.get('layout') else '-'}{'B' + str(r['search']) if r.get('search') else '-'}T{r.get('threads', 1)}]"
 
 
 def table(rows: list[dict], peak: float | None = None) -> str:
@@ -284,7 +285,8 @@ def table(rows: list[dict], peak: float | None = None) -> str:
                  f"{r['warp']['p50']:6.2f} | {r['load_before']:.1f}-{r['load_after']:.1f}")
   lines.append("times in ms (p50/p99 per call; tinygrad, onnxruntime each alone in a fresh process); ratio = tinygrad p50 / onnxruntime p50;\n"
                "'vs ORT v+p' = fused step (incl. 2 warps) / (ORT vision + ORT policy); compile = wall time of compile_artifact incl. its "
-               "validation;\n[L = CPU layout (compile/cpu_layout.py), Bn = shipped BEAM=n kernel search (compile/cpu_search.py), - = off]; "
+               "validation;\n[L = CPU layout (compile/cpu_layout.py), Bn = shipped BEAM=n kernel search (compile/cpu_search.py), - = off, "
+               "Tn = kernels split into n parts run concurrently (compile/cpu_threads.py)]; "
                "load = 1-min loadavg before-after (the box is shared: compare ratios within one run)")
   for r in rows:
     if r.get("profile"):

@@ -240,6 +240,9 @@ def activate_target(art: VerifiedArtifact) -> None:
   except Exception as e:
     raise ArtifactError(f"artifact {art.path} is for {art.device} ({target}), which cannot be opened here ({_why(e)}); "
                         f"use an artifact compiled for this machine (e.g. `modeld-msm compile --device CPU`)") from None
+  if art.device == "CPU":   # its kernels' THREAD parts run on all cores, not one after another (compile/cpu_threads.py)
+    from compile import cpu_threads
+    cpu_threads.install(Device.DEFAULT)
 
 
 def _why(e: BaseException) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from compile import artifact as art_mod
-from compile import cpu_layout, cpu_search
+from compile import cpu_layout, cpu_search, cpu_threads
 from compile import precision as precision_mod
 from compile.jit_pickle import pickle_programs, unpickle_programs
 from compile.metres import describe, metres_apart
@@ -226,6 +226,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   from tinygrad.helpers import DEV, Context
   DEV.value = capture_target
   dev_name = Device.DEFAULT
+  threads = cpu_threads.install(dev_name) if device == "CPU" else None
   flags = TARGET_FLAGS.get(device, {})
   if flags:
     log(f"[compile] capture flags: {' '.join(f'{k}={v}' for k, v in flags.items())}")
@@ -307,6 +308,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     # compute-preserving rewrites the runners were built with (compile/cpu_layout.py); checked against onnxruntime like the rest
     "cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites,
                    "dense_conv_materialised": use_layout},
+    # kernels were split into this many parts, run concurrently at load (compile/cpu_threads.py)
+    "cpu_threads": threads,
     "search": {"used": searched is not None, "why": search_why, "beam": searched["beam"] if searched else None,
                "kernels": len(searched["entries"]) if searched else 0},
     "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, "step_plan": STEP_PLAN},

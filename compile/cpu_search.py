@@ -29,7 +29,7 @@ TABLE = Path(__file__).with_name("cpu_search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (modeld_msm/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
-TABLE_SHA256: str | None = "2a511413452068ec6cdfca26c3d67e5e0f8b7cb494c1fdcdd7eb040e6e4658b7"
+TABLE_SHA256: str | None = "fc628c62ebe5029c0b3cdecf2df9b33803bd0f403fd5a82d42a5f4802f469abc"
 SEARCHES = ("auto", "off")
 FORMAT = 1
 
@@ -60,12 +60,15 @@ def code_fingerprint() -> str:
   return h.hexdigest()[:16]
 
 
-def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, int], model_sha256: dict[str, str]) -> dict[str, Any]:
+def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, int], model_sha256: dict[str, str],
+              threads: int | None = None) -> dict[str, Any]:
   """What a recorded set must share with a compile for its kernels to be the same ones: a kernel missing from the set
-  would be searched under BEAM, the wait the table exists to spare."""
+  would be searched under BEAM, the wait the table exists to spare. The thread count is part of it: tinygrad splits
+  kernels into that many parts (compile/cpu_threads.py), so another count gives other kernels."""
+  from compile import cpu_threads
   from compile.artifact import installed_versions
   return {"tinygrad": installed_versions()["tinygrad"], "device": device, "precision": precision, "layout": layout, "camera": list(camera),
-          "models": dict(sorted(model_sha256.items())), "code": code_fingerprint()}
+          "threads": cpu_threads.count() if threads is None else threads, "models": dict(sorted(model_sha256.items())), "code": code_fingerprint()}
 
 
 def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str]:
@@ -133,9 +136,9 @@ def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout
     code = ("import sys; from compile.build import compile_artifact; "
             f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(camera)!r}, 'CPU', "
             f"{str(Path(td) / 'artifact')!r}, precision={precision!r}, layout={layout!r}, search='off')")
-    # one thread: tinygrad 0.14's CPU runs a kernel's THREAD parts one after another anyway, and a recorded THREAD opt
-    # would not apply on a CPU with fewer cores than the recording one
-    env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "NUM_CPU_THREADS": "1", "PARALLEL": str(os.cpu_count() or 1)}
+    # the search times kernels split for, and run on, this machine's cores (compile/cpu_threads.py); the set only matches a
+    # compile with the same thread count
+    env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "PARALLEL": str(os.cpu_count() or 1)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).resolve().parents[1])
     compute, _ = precision_mod.choose("CPU", precision)
     use_layout, _ = cpu_layout.choose("CPU", layout)

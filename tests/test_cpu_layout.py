@@ -127,7 +127,7 @@ def test_search_set_is_used_only_for_its_own_kernels():
   table = {"format": cpu_search.FORMAT, "sets": [recorded]}
   assert cpu_search.choose("auto", _key(), table)[0] is recorded
   for other in (_key(precision="fp16"), _key(layout=False), _key(camera=(1344, 760)), _key(model_sha256={"vision": "a", "policy": "c"}),
-                _key(device="CPU:LLVM")):
+                _key(device="CPU:LLVM"), _key(threads=_key()["threads"] + 1)):
     got, why = cpu_search.choose("auto", other, table)
     assert got is None and "no shipped search" in why
   stale = {**_key(), "code": "0" * 16}   # our kernel-shaping code changed since the recording
@@ -141,11 +141,16 @@ def test_shipped_table_is_well_formed():
   from tinygrad.codegen.opt import OptOps
   table = cpu_search.load_table()
   for s in table["sets"]:
-    assert set(s["match"]) == {"tinygrad", "device", "precision", "layout", "camera", "models", "code"} and s["beam"] >= 1 and s["entries"]
+    assert set(s["match"]) == {"tinygrad", "device", "precision", "layout", "camera", "threads", "models", "code"}
+    assert s["beam"] >= 1 and s["entries"]
+    threads = s["match"]["threads"]
     for e in s["entries"]:
       assert len(bytes.fromhex(e["ast"])) == 32
-      # no THREAD opts: tinygrad 0.14's CPU runs them one after another, and one would not apply on a CPU with fewer cores
-      assert all(op in OptOps.__members__ and op != "THREAD" for op, _, _ in e["opts"])
+      assert all(op in OptOps.__members__ for op, _, _ in e["opts"])
+      # a kernel is split into at most the set's thread count: the count a compile must have for the set to match
+      assert all(arg <= threads for op, _, arg in e["opts"] if op == "THREAD")
+    if threads > 1:   # searched on that many cores (compile/cpu_threads.py): the big kernels are split
+      assert any(op == "THREAD" for e in s["entries"] for op, _, _ in e["opts"])
 
 
 def test_install_puts_the_opts_where_tinygrads_search_reads_them(tmp_path):

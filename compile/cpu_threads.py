@@ -1,0 +1,106 @@
+"""Run a CPU kernel's THREAD parts on all cores at once.
+
+tinygrad 0.14 splits big CPU kernels into `core_id` parts (its THREAD opt, NUM_CPU_THREADS of them), but its CPU runtime
+calls the parts one after another on the calling thread (`CPUProgram.__call__`), so a 2-core machine computes on one.
+Here the parts run concurrently: part 0 on the caller, the others on persistent worker threads. The parts write disjoint
+slices of the output (that is what the THREAD opt guarantees), so the result is the same bytes as the serial loop; only
+the wall time changes. ctypes drops the GIL for the duration of each foreign call, so Python threads are enough.
+
+Installed through tinygrad's own seam: a Compiled device's `runtime_t` is the Program class it builds kernels with.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+_pool: _Pool | None = None
+
+
+class _Pool:
+  """n-1 daemon workers; `run(fxn, parts)` spreads a kernel's parts over the caller and the workers, and returns when all are done."""
+
+  def __init__(self, n: int):
+    self.n = n
+    self._go = [threading.Semaphore(0) for _ in range(n - 1)]
+    self._done = threading.Semaphore(0)
+    self._work: list[Any] = [None] * (n - 1)
+    self._errors: list[BaseException] = []
+    self._lock = threading.Lock()   # one kernel at a time: two Python threads launching kernels would share the workers
+    self.launches = 0               # kernels run split (tests and benchmarks read it)
+    for i in range(n - 1):
+      threading.Thread(target=self._worker, args=(i,), name=f"modeld-cpu-{i + 1}", daemon=True).start()
+
+  def _worker(self, i: int) -> None:
+    while True:
+      self._go[i].acquire()
+      fxn, mine = self._work[i]
+      try:
+        for args in mine:
+          fxn(*args)
+      except BaseException as e:  # noqa: BLE001 - handed to the caller, which re-raises it
+        self._errors.append(e)
+      finally:
+        self._done.release()
+
+  def run(self, fxn, parts: list[list[ctypes.c_uint64]]) -> None:
+    # part k goes to lane k % n (lane 0 is the caller): an artifact captured with more parts than this machine has cores
+    # still runs, in rounds
+    lanes = [parts[i::self.n] for i in range(min(self.n, len(parts)))]
+    with self._lock:
+      self.launches += 1
+      for i, mine in enumerate(lanes[1:]):
+        self._work[i] = (fxn, mine)
+        self._go[i].release()
+      try:
+        for args in lanes[0]:
+          fxn(*args)
+      finally:   # the workers' parts write into buffers the caller is about to hand on: never return before they finish
+        for _ in lanes[1:]:
+          self._done.acquire()
+      if self._errors:
+        raise self._errors.pop()
+
+
+def _program_class():
+  from tinygrad.runtime.ops_cpu import CPUProgram
+
+  class ThreadedCPUProgram(CPUProgram):
+    def __call__(self, *bufs, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False, timeout=None):
+      if 'core_id' not in self.runtimevars or global_size[0] <= 1 or self.lvp or _pool is None:
+        return super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=vals, wait=wait, timeout=timeout)
+      import time
+      st = time.perf_counter()
+      args: list[Any] = [int(b.va_addr) for b in bufs] + list(vals)   # the core_id slot holds None until set per part
+      slot = self.runtimevars['core_id']
+      parts = []
+      for tid in range(global_size[0]):
+        args[slot] = tid
+        parts.append([ctypes.c_uint64(x) for x in args])
+      _pool.run(self.fxn, parts)
+      return time.perf_counter() - st if wait else None
+
+  return ThreadedCPUProgram
+
+
+def count() -> int:
+  """How many parts tinygrad splits a big CPU kernel into here (its NUM_CPU_THREADS: the cores, unless set)."""
+  from tinygrad.helpers import NUM_CPU_THREADS
+  return max(1, int(NUM_CPU_THREADS.value))
+
+
+def install(device: str = "CPU") -> int:
+  """Make `device` (a tinygrad CPU device) run THREAD parts concurrently; returns the thread count. Idempotent.
+
+  Call before the first kernel is compiled on it: programs already built keep the serial runtime."""
+  global _pool
+  from tinygrad import Device
+  n = count()
+  if _pool is None and n > 1:
+    _pool = _Pool(n)
+  dev = Device[device]
+  cls = _program_class() if n > 1 else None
+  if cls is not None and not getattr(dev.runtime_t, "_modeld_threaded", False):
+    cls._modeld_threaded = True  # type: ignore[attr-defined]
+    dev.runtime_t = cls
+  return n
