@@ -15,6 +15,9 @@ open fds, threads; for the run: /dev/shm entries under the run's OPENPILOT_PREFI
 runs under a wrapper (this file with --modeld-child) that reports the emulated node's GEM handles, BO memory held, jobs in
 flight and BOs they pin, and faults (hangs counted, page faults logged) to a side file every second.
 
+modeld always runs under that wrapper, which also reports the heap: glibc's mallinfo2 (bytes malloc has handed out, bytes free
+inside its heap) and Python's allocated block count; --trim-s n makes it call malloc_trim every n seconds.
+
 Slope is a least-squares fit over the second half of the samples (after warm-up), per 1000 frames. Read growth from anon KB
 (the heap): private KB also counts pages of memfds (GEM BOs, VisionIPC buffers) whenever only modeld maps them at that
 moment, so it swings by tens of MB between samples (measured on EMU level A: 180 <-> 217 MB) and its slope is noise.
@@ -22,6 +25,7 @@ moment, so it swings by tens of MB between samples (measured on EMU level A: 180
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -79,8 +83,36 @@ def slope_per_1000(frames: list[int], values: list[float]) -> float:
   return float(np.polyfit(x, y, 1)[0] * 1000)
 
 
+class _Mallinfo2(ctypes.Structure):
+  _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                                             "fordblks", "keepcost")]
+
+
+def heap_sample(libc) -> dict:
+  """What the C heap holds (glibc's mallinfo2: bytes handed out and bytes free inside it) and Python's live small blocks:
+  anon growth with both flat is memory the allocator keeps, not memory anything holds."""
+  out = {"py_blocks": sys.getallocatedblocks()}
+  if libc is not None:
+    m = libc.mallinfo2()
+    out.update({"malloc_used_kb": (m.uordblks + m.hblkhd) // 1024, "malloc_free_kb": m.fordblks // 1024,
+                "malloc_heap_kb": (m.arena + m.hblkhd) // 1024})
+  return out
+
+
+def _libc():
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _Mallinfo2
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    return libc
+  except (OSError, AttributeError):   # not glibc, or one older than 2.33
+    return None
+
+
 def modeld_child(argv: list[str], stats_file: str) -> int:
-  """modeld's own main() with a thread reporting the emulated render node's counters (tests/bench only)."""
+  """modeld's own main() with a thread reporting the heap's facts and, on EMU, the emulated render node's counters to a side
+  file every second (tests/bench only). SOAK_TRIM_S=n also returns the heap's free memory to the kernel every n seconds
+  (glibc malloc_trim), to tell memory the allocator keeps from memory something holds."""
   import backend.emu as emu
   nodes: list = []
   orig = emu.RenderNode.__init__
@@ -89,19 +121,27 @@ def modeld_child(argv: list[str], stats_file: str) -> int:
     orig(self, *a, **kw)
     nodes.append(self)
   emu.RenderNode.__init__ = init  # type: ignore[method-assign]
+  libc = _libc()
+  trim_s = float(os.environ.get("SOAK_TRIM_S", "0"))
 
   def report():
+    last_trim = time.monotonic()
     while True:
       time.sleep(1.0)
+      if trim_s and libc is not None and time.monotonic() - last_trim >= trim_s:
+        libc.malloc_trim(0)
+        last_trim = time.monotonic()
+      d = heap_sample(libc)
       if nodes:
         n = nodes[-1]
         ring = list(n._ring)   # one C-level copy under the GIL: modeld's thread may be retiring jobs meanwhile
-        d = {"gem_handles": n.live_handles, "bo_mem_kb": n.mem_used // 1024, "jobs_in_flight": len(ring),
-             "bos_in_flight": sum(len(j.bos) for j in ring), "faults_counted": len(n.stats.reported), "page_faults": n.stats.page_faults}
-        tmp = stats_file + ".tmp"
-        with open(tmp, "w") as f:
-          json.dump(d, f)
-        os.replace(tmp, stats_file)
+        d.update({"gem_handles": n.live_handles, "bo_mem_kb": n.mem_used // 1024, "jobs_in_flight": len(ring),
+                  "bos_in_flight": sum(len(j.bos) for j in ring), "faults_counted": len(n.stats.reported),
+                  "page_faults": n.stats.page_faults})
+      tmp = stats_file + ".tmp"
+      with open(tmp, "w") as f:
+        json.dump(d, f)
+      os.replace(tmp, stats_file)
   threading.Thread(target=report, daemon=True).start()
   from modeld_msm import modeld
   sys.argv = ["modeld", *argv]
@@ -128,8 +168,7 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
   logdir.mkdir(parents=True, exist_ok=True)
   mlog, clog = open(logdir / "modeld.log", "w"), open(logdir / "camera.log", "w")
   margs = ["--artifact", str(art), "--demo"]
-  cmd = [sys.executable, __file__, "--modeld-child", stats_file, "--", *margs] if config != "cpu" else \
-        [sys.executable, "-m", "modeld_msm.modeld", *margs]
+  cmd = [sys.executable, __file__, "--modeld-child", stats_file, "--", *margs]
   modeld = subprocess.Popen(cmd, env=env, stdout=mlog, stderr=subprocess.STDOUT, cwd=REPO)
   sm = messaging.SubMaster(["modelV2"], poll="modelV2")
   camera = None
@@ -186,7 +225,9 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
 METRICS = [("rss_kb", "RSS KB"), ("private_kb", "private KB"), ("anon_kb", "anon KB"), ("fds", "open fds"), ("threads", "threads"),
            ("shm_prefix", "/dev/shm msgq (run)"), ("shm_all", "/dev/shm entries"), ("gem_fds", "GEM memfds"),
            ("gem_handles", "GEM handles"), ("bo_mem_kb", "BO memory KB"), ("bos_in_flight", "BOs in flight"),
-           ("jobs_in_flight", "jobs in flight"), ("faults_counted", "GPU faults counted"), ("page_faults", "page faults logged")]
+           ("jobs_in_flight", "jobs in flight"), ("faults_counted", "GPU faults counted"), ("page_faults", "page faults logged"),
+           ("malloc_used_kb", "malloc in use KB"), ("malloc_free_kb", "malloc free KB"), ("malloc_heap_kb", "malloc heap KB"),
+           ("py_blocks", "Python blocks")]
 
 
 def table(r: dict) -> str:
@@ -213,7 +254,11 @@ def main() -> int:
   ap.add_argument("--sample-s", type=float, default=2.0)
   ap.add_argument("--seconds", type=float, help="stop after this many seconds of publishing too (level B does not keep 20 Hz)")
   ap.add_argument("--json", type=Path, help="write the samples here")
+  ap.add_argument("--trim-s", type=float, default=0, help="modeld returns the C heap's free memory to the kernel every n s (malloc_trim): "
+                  "run once with and once without to tell memory the allocator keeps from memory something holds")
   args = ap.parse_args()
+  if args.trim_s:
+    os.environ["SOAK_TRIM_S"] = str(args.trim_s)
   results = []
   for c in args.config or ["cpu"]:
     r = run(c, args.frames, args.artifact if c != "cpu" else None, args.sample_s, None, args.seconds)
