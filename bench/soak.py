@@ -109,10 +109,40 @@ def _libc():
     return None
 
 
+def _write_growth(diffs, path: str, top: int = 12) -> None:
+  """Where Python memory grew since the base snapshot: the top allocation sites by bytes, with their call stacks."""
+  lines = []
+  for d in sorted(diffs, key=lambda d: -d.size_diff)[:top]:
+    lines.append(f"{d.size_diff / 1024:+.1f} KB, {d.count_diff:+d} blocks (now {d.size / 1024:.1f} KB, {d.count} blocks)")
+    lines.extend(f"    {fr.filename}:{fr.lineno}" for fr in d.traceback)
+  with open(path + ".tmp", "w") as f:
+    f.write("\n".join(lines) + "\n")
+  os.replace(path + ".tmp", path)
+
+
+def _write_garbage(path: str, seconds: float, top: int = 15) -> None:
+  """Unreachable objects (reference cycles) that built up since the last census, by type: modeld disables the cyclic
+  collector, so these are never freed. Collects them (once per census) and lists what they were."""
+  import collections
+  import gc
+  gc.set_debug(gc.DEBUG_SAVEALL)
+  n = gc.collect()
+  kinds = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+  # where the cycles' functions were defined: a hint to the code that builds them
+  sites = collections.Counter(f"{o.__code__.co_filename}:{o.__code__.co_firstlineno}" for o in gc.garbage if hasattr(o, "__code__"))
+  gc.garbage.clear()
+  gc.set_debug(0)
+  lines = [f"{n} unreachable objects in {seconds:.0f} s"] + [f"  {c:7d} {k}" for k, c in kinds.most_common(top)]
+  lines += [f"  {c:7d} functions from {site}" for site, c in sites.most_common(5)]
+  with open(path, "a") as f:
+    f.write("\n".join(lines) + "\n")
+
+
 def modeld_child(argv: list[str], stats_file: str) -> int:
   """modeld's own main() with a thread reporting the heap's facts and, on EMU, the emulated render node's counters to a side
   file every second (tests/bench only). SOAK_TRIM_S=n also returns the heap's free memory to the kernel every n seconds
-  (glibc malloc_trim), to tell memory the allocator keeps from memory something holds."""
+  (glibc malloc_trim), to tell memory the allocator keeps from memory something holds; SOAK_TRACEMALLOC=1 writes where Python
+  memory grew since the first minute (tracemalloc, top sites with stacks) next to the side file every 30 s."""
   import backend.emu as emu
   nodes: list = []
   orig = emu.RenderNode.__init__
@@ -123,11 +153,29 @@ def modeld_child(argv: list[str], stats_file: str) -> int:
   emu.RenderNode.__init__ = init  # type: ignore[method-assign]
   libc = _libc()
   trim_s = float(os.environ.get("SOAK_TRIM_S", "0"))
+  trace = os.environ.get("SOAK_TRACEMALLOC") == "1"
+  census = os.environ.get("SOAK_GARBAGE") == "1"
+  if trace:
+    import tracemalloc
+    tracemalloc.start(4)
 
   def report():
-    last_trim = time.monotonic()
+    last_trim = last_trace = t0 = time.monotonic()
+    base = None
     while True:
       time.sleep(1.0)
+      if census and time.monotonic() - t0 > 60:   # modeld runs with gc disabled, like openpilot: what would a collection find?
+        _write_garbage(stats_file + ".garbage.txt", time.monotonic() - t0)
+        t0 = time.monotonic()
+      if trace and time.monotonic() - last_trace > (30 if base else 60):   # the base after a minute of warm-up
+        # the wrapper's own work (this thread, tracemalloc itself) is not modeld's
+        snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__, all_frames=True),
+                                                          tracemalloc.Filter(False, threading.__file__, all_frames=True)])
+        last_trace = time.monotonic()
+        if base is None:
+          base = snap
+        else:
+          _write_growth(snap.compare_to(base, "traceback"), stats_file + ".tracemalloc.txt")
       if trim_s and libc is not None and time.monotonic() - last_trim >= trim_s:
         libc.malloc_trim(0)
         last_trim = time.monotonic()
@@ -217,9 +265,11 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
         modeld.wait()
     sm.close()
   wall = time.monotonic() - t_start
+  growth = Path(stats_file + ".tracemalloc.txt")
   offered = fids[-1] - fids[0] + 1 if fids else 0
   return {"config": config, "frames": got, "asked": frames, "offered": offered, "drop_ratio": 1 - got / offered if offered else float("nan"),
-          "wall_s": wall, "modeld_exit": modeld.returncode, "samples": samples, "logdir": str(logdir)}
+          "wall_s": wall, "modeld_exit": modeld.returncode, "samples": samples, "logdir": str(logdir),
+          "growth": growth.read_text() if growth.exists() else None}
 
 
 METRICS = [("rss_kb", "RSS KB"), ("private_kb", "private KB"), ("anon_kb", "anon KB"), ("fds", "open fds"), ("threads", "threads"),
@@ -241,6 +291,8 @@ def table(r: dict) -> str:
       continue
     f, v = zip(*pts, strict=True)
     lines.append(f"  {name:<22} {v[0]:>10} {v[-1]:>10} {slope_per_1000(list(f), list(v)):>18.1f}")
+  if r.get("growth"):
+    lines.append("  where Python memory grew after the first minute (tracemalloc):\n    " + r["growth"].rstrip().replace("\n", "\n    "))
   return "\n".join(lines)
 
 
@@ -256,9 +308,17 @@ def main() -> int:
   ap.add_argument("--json", type=Path, help="write the samples here")
   ap.add_argument("--trim-s", type=float, default=0, help="modeld returns the C heap's free memory to the kernel every n s (malloc_trim): "
                   "run once with and once without to tell memory the allocator keeps from memory something holds")
+  ap.add_argument("--tracemalloc", action="store_true", help="modeld traces Python allocations and writes where memory grew after the "
+                  "first minute to <side file>.tracemalloc.txt (slower: for finding growth, not for its slope)")
+  ap.add_argument("--garbage", action="store_true", help="every minute, modeld collects the reference cycles its disabled collector "
+                  "left behind and writes what they were to <side file>.garbage.txt (the run's samples then include those collections)")
   args = ap.parse_args()
   if args.trim_s:
     os.environ["SOAK_TRIM_S"] = str(args.trim_s)
+  if args.tracemalloc:
+    os.environ["SOAK_TRACEMALLOC"] = "1"
+  if args.garbage:
+    os.environ["SOAK_GARBAGE"] = "1"
   results = []
   for c in args.config or ["cpu"]:
     r = run(c, args.frames, args.artifact if c != "cpu" else None, args.sample_s, None, args.seconds)

@@ -61,6 +61,27 @@ def config_realtime(core: int = RT_CORE, priority: int = RT_PRIORITY) -> str:
   return ", ".join(notes)
 
 
+class CycleCollector:
+  """modeld runs with the cyclic garbage collector off (config_realtime, like openpilot: a collection in the middle of a step
+  is a latency spike). But the libraries under a step (capnp, tinygrad's JIT call, ctypes) leave a few reference cycles per
+  frame, and with the collector off those are never freed: the slow growth a 10,000-frame soak measured (~1.8 Python blocks,
+  0.15 KB a frame). So collect on our own schedule, between frames: everything alive after start-up is frozen out of the
+  collector's sight (gc.freeze), the youngest generation is collected after each published frame, all generations every
+  `full_every` frames; both only look at what was allocated since start-up, so they stay short (`longest_ms` says how short)."""
+
+  def __init__(self, full_every: int = 200):
+    self.full_every, self.frames, self.freed, self.longest_ms = full_every, 0, 0, 0.0
+
+  def start(self) -> None:
+    gc.freeze()
+
+  def after_frame(self) -> None:
+    t = time.perf_counter()
+    self.frames += 1
+    self.freed += gc.collect(2 if self.frames % self.full_every == 0 else 0)
+    self.longest_ms = max(self.longest_ms, (time.perf_counter() - t) * 1e3)
+
+
 def _car_params_from(data: bytes):
   check_pointers(data)   # as_builder() on an out-of-bounds pointer aborts the process instead of raising
   with messaging.car.CarParams.from_bytes(data) as cp:
@@ -209,6 +230,8 @@ def serve(opts: ServeOptions) -> int:
            opts.artifact, core.model.artifact.target)
   pm = messaging.PubMaster(list(PUBLISHED))
   sm = messaging.SubMaster(list(SUBSCRIBED))
+  cycles = CycleCollector()
+  cycles.start()
 
   main_frame = extra_frame = None
   published = 0
@@ -254,7 +277,9 @@ def serve(opts: ServeOptions) -> int:
     if core.stats.published > published:
       published = core.stats.published
     main_frame = None
-  log.info("modeld stopping: %d frames, %d published, %d dropped steps", core.stats.frames, core.stats.published, core.stats.dropped_steps)
+    cycles.after_frame()
+  log.info("modeld stopping: %d frames, %d published, %d dropped steps; %d cyclic objects freed between frames (longest pass %.2f ms)",
+           core.stats.frames, core.stats.published, core.stats.dropped_steps, cycles.freed, cycles.longest_ms)
   return 0
 
 
