@@ -11,6 +11,7 @@ Installed through tinygrad's own seam: a Compiled device's `runtime_t` is the Pr
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any
 
@@ -32,6 +33,7 @@ class _Pool:
       threading.Thread(target=self._worker, args=(i,), name=f"modeld-cpu-{i + 1}", daemon=True).start()
 
   def _worker(self, i: int) -> None:
+    _spread(self.n)
     while True:
       self._go[i].acquire()
       fxn, mine = self._work[i]
@@ -60,6 +62,17 @@ class _Pool:
           self._done.acquire()
       if self._errors:
         raise self._errors.pop()
+
+
+def _spread(n: int) -> None:
+  """A worker born in a process pinned to fewer cores than there are parts (modeld pins itself to one core, like openpilot's
+  realtime processes) moves itself to the other cores: on the caller's core it would only take turns with it."""
+  try:
+    mine = os.sched_getaffinity(0)
+    if len(mine) < n and (others := set(range(os.cpu_count() or 1)) - mine):
+      os.sched_setaffinity(0, others)   # pid 0 from a thread: this thread only
+  except (AttributeError, OSError):   # no affinity API, or not allowed: run where we were put
+    pass
 
 
 def _program_class():

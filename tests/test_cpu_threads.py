@@ -106,3 +106,16 @@ def test_threaded_kernel_gives_the_serial_bytes():
 def test_artifact_records_its_thread_count(cpu_artifact_1928):
   meta = json.loads((cpu_artifact_1928 / "metadata.json").read_text())
   assert meta["cpu_threads"] == cpu_threads.count()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores and CPU affinity")
+def test_workers_leave_the_core_modeld_pinned_itself_to():
+  """modeld pins itself to one core like openpilot's realtime processes; a worker that stayed there would only take turns."""
+  code = ("import os, threading; from compile import cpu_threads; os.sched_setaffinity(0, {0}); pool = cpu_threads._Pool(2); seen = {}\n"
+          "def part(i): seen[i] = sorted(os.sched_getaffinity(0))\n"
+          "pool.run(part, [[0], [1]]); print(seen[0], seen[1])")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
+                     env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert r.returncode == 0, r.stderr
+  caller, worker = r.stdout.split("] [")
+  assert caller == "[0" and "0" not in worker.strip("]\n").split(", ")
