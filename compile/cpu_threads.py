@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from typing import Any
 
 _pool: _Pool | None = None
@@ -79,10 +80,14 @@ def _program_class():
   from tinygrad.runtime.ops_cpu import CPUProgram
 
   class ThreadedCPUProgram(CPUProgram):
+    # Each program tries both ways on its first calls and keeps the faster: a kernel bound by memory bandwidth (shared by
+    # the cores) or too small for the hand-off gains nothing from a second core and loses the hand-off. Either way the
+    # parts write the same bytes, so the choice changes time only.
+    TRIALS = 3
+
     def __call__(self, *bufs, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False, timeout=None):
       if 'core_id' not in self.runtimevars or global_size[0] <= 1 or self.lvp or _pool is None:
         return super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=vals, wait=wait, timeout=timeout)
-      import time
       st = time.perf_counter()
       args: list[Any] = [int(b.va_addr) for b in bufs] + list(vals)   # the core_id slot holds None until set per part
       slot = self.runtimevars['core_id']
@@ -90,8 +95,21 @@ def _program_class():
       for tid in range(global_size[0]):
         args[slot] = tid
         parts.append([ctypes.c_uint64(x) for x in args])
-      _pool.run(self.fxn, parts)
-      return time.perf_counter() - st if wait else None
+      trials: list[float] = self.__dict__.setdefault("_trials", [])
+      parallel = self.__dict__.get("_parallel")
+      if parallel is None:   # calls 0, 2, 4 in parallel, 1, 3, 5 one part after another
+        parallel = len(trials) % 2 == 0
+      if parallel:
+        _pool.run(self.fxn, parts)
+      else:
+        for p in parts:
+          self.fxn(*p)
+      took = time.perf_counter() - st
+      if "_parallel" not in self.__dict__:
+        trials.append(took)
+        if len(trials) == 2 * self.TRIALS:
+          self._parallel = min(trials[0::2]) <= min(trials[1::2])
+      return took if wait else None
 
   return ThreadedCPUProgram
 
