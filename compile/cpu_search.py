@@ -29,7 +29,7 @@ TABLE = Path(__file__).with_name("cpu_search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (modeld_msm/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
-TABLE_SHA256: str | None = "fc628c62ebe5029c0b3cdecf2df9b33803bd0f403fd5a82d42a5f4802f469abc"
+TABLE_SHA256: str | None = "36577fb8c82c8795cd5b4071b0da9977de89053baa56c0db528a5b25f8f57e43"
 SEARCHES = ("auto", "off")
 FORMAT = 1
 
@@ -136,9 +136,10 @@ def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout
     code = ("import sys; from compile.build import compile_artifact; "
             f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(camera)!r}, 'CPU', "
             f"{str(Path(td) / 'artifact')!r}, precision={precision!r}, layout={layout!r}, search='off')")
-    # the search times kernels split for, and run on, this machine's cores (compile/cpu_threads.py); the set only matches a
-    # compile with the same thread count
-    env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "PARALLEL": str(os.cpu_count() or 1)}
+    # the search times kernels split for, and run on, this machine's cores (compile/cpu_threads.py), their parts always in
+    # parallel: the runtime later runs a kernel's parts one after another where that measures faster; the set only
+    # matches a compile with the same thread count
+    env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "PARALLEL": str(os.cpu_count() or 1), "MODELD_CPU_PARTS": "parallel"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).resolve().parents[1])
     compute, _ = precision_mod.choose("CPU", precision)
     use_layout, _ = cpu_layout.choose("CPU", layout)

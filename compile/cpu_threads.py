@@ -17,6 +17,18 @@ import time
 from typing import Any
 
 _pool: _Pool | None = None
+# how a split kernel's parts run: "parallel", "serial", or "auto" (each kernel measures both ways on its first calls and
+# keeps the faster; on the 2-core EPYC it measured no better than parallel, run-to-run noise being larger than the gain);
+# MODELD_CPU_PARTS, for A/B runs
+_MODE = os.environ.get("MODELD_CPU_PARTS", "parallel")
+if _MODE not in ("auto", "parallel", "serial"):
+  raise ValueError(f"MODELD_CPU_PARTS={_MODE!r}: use auto, parallel or serial")
+
+
+# worker i stays on its own core (the (i+1)-th the process may use): left to the scheduler, a woken worker was often
+# placed on the core of the thread that woke it, which then ran both parts in turn (the full step swung 62-84 ms between
+# runs; pinned, 62-65); MODELD_CPU_PIN=0 leaves placement to the scheduler. The caller is never pinned.
+_PIN = os.environ.get("MODELD_CPU_PIN", "1") != "0"
 
 
 class _Pool:
@@ -30,11 +42,14 @@ class _Pool:
     self._errors: list[BaseException] = []
     self._lock = threading.Lock()   # one kernel at a time: two Python threads launching kernels would share the workers
     self.launches = 0               # kernels run split (tests and benchmarks read it)
+    self._cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     for i in range(n - 1):
       threading.Thread(target=self._worker, args=(i,), name=f"modeld-cpu-{i + 1}", daemon=True).start()
 
   def _worker(self, i: int) -> None:
     _spread(self.n)
+    if _PIN and len(self._cores) >= self.n:
+      os.sched_setaffinity(0, {self._cores[i + 1]})
     while True:
       self._go[i].acquire()
       fxn, mine = self._work[i]
@@ -83,7 +98,7 @@ def _program_class():
     # Each program tries both ways on its first calls and keeps the faster: a kernel bound by memory bandwidth (shared by
     # the cores) or too small for the hand-off gains nothing from a second core and loses the hand-off. Either way the
     # parts write the same bytes, so the choice changes time only.
-    TRIALS = 3
+    TRIALS = 4   # per way, after one call that only warms the caches
 
     def __call__(self, *bufs, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False, timeout=None):
       if 'core_id' not in self.runtimevars or global_size[0] <= 1 or self.lvp or _pool is None:
@@ -96,19 +111,19 @@ def _program_class():
         args[slot] = tid
         parts.append([ctypes.c_uint64(x) for x in args])
       trials: list[float] = self.__dict__.setdefault("_trials", [])
-      parallel = self.__dict__.get("_parallel")
-      if parallel is None:   # calls 0, 2, 4 in parallel, 1, 3, 5 one part after another
-        parallel = len(trials) % 2 == 0
+      parallel = self.__dict__.get("_parallel", _MODE == "parallel" if _MODE != "auto" else None)
+      if parallel is None:   # after the warm-up call, odd calls in parallel, even calls one part after another
+        parallel = len(trials) % 2 == 1
       if parallel:
         _pool.run(self.fxn, parts)
       else:
         for p in parts:
           self.fxn(*p)
       took = time.perf_counter() - st
-      if "_parallel" not in self.__dict__:
+      if _MODE == "auto" and "_parallel" not in self.__dict__:
         trials.append(took)
-        if len(trials) == 2 * self.TRIALS:
-          self._parallel = min(trials[0::2]) <= min(trials[1::2])
+        if len(trials) == 2 * self.TRIALS + 1:
+          self._parallel = min(trials[1::2]) <= min(trials[2::2])
       return took if wait else None
 
   return ThreadedCPUProgram
