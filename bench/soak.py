@@ -16,7 +16,8 @@ runs under a wrapper (this file with --modeld-child) that reports the emulated n
 flight and BOs they pin, and faults (hangs counted, page faults logged) to a side file every second.
 
 modeld always runs under that wrapper, which also reports the heap: glibc's mallinfo2 (bytes malloc has handed out, bytes free
-inside its heap) and Python's allocated block count; --trim-s n makes it call malloc_trim every n seconds.
+inside its heap) and Python's allocated block count; --trim-s n makes it call malloc_trim every n seconds, --garbage lists
+the reference cycles it would leave behind (modeld runs with the cyclic collector off and collects between frames itself).
 
 Slope is a least-squares fit over the second half of the samples (after warm-up), per 1000 frames. Read growth from anon KB
 (the heap): private KB also counts pages of memfds (GEM BOs, VisionIPC buffers) whenever only modeld maps them at that
@@ -109,17 +110,6 @@ def _libc():
     return None
 
 
-def _write_growth(diffs, path: str, top: int = 12) -> None:
-  """Where Python memory grew since the base snapshot: the top allocation sites by bytes, with their call stacks."""
-  lines = []
-  for d in sorted(diffs, key=lambda d: -d.size_diff)[:top]:
-    lines.append(f"{d.size_diff / 1024:+.1f} KB, {d.count_diff:+d} blocks (now {d.size / 1024:.1f} KB, {d.count} blocks)")
-    lines.extend(f"    {fr.filename}:{fr.lineno}" for fr in d.traceback)
-  with open(path + ".tmp", "w") as f:
-    f.write("\n".join(lines) + "\n")
-  os.replace(path + ".tmp", path)
-
-
 def _write_garbage(path: str, seconds: float, top: int = 15) -> None:
   """Unreachable objects (reference cycles) that built up since the last census, by type: modeld disables the cyclic
   collector, so these are never freed. Collects them (once per census) and lists what they were."""
@@ -141,8 +131,8 @@ def _write_garbage(path: str, seconds: float, top: int = 15) -> None:
 def modeld_child(argv: list[str], stats_file: str) -> int:
   """modeld's own main() with a thread reporting the heap's facts and, on EMU, the emulated render node's counters to a side
   file every second (tests/bench only). SOAK_TRIM_S=n also returns the heap's free memory to the kernel every n seconds
-  (glibc malloc_trim), to tell memory the allocator keeps from memory something holds; SOAK_TRACEMALLOC=1 writes where Python
-  memory grew since the first minute (tracemalloc, top sites with stacks) next to the side file every 30 s."""
+  (glibc malloc_trim), to tell memory the allocator keeps from memory something holds; SOAK_GARBAGE=1 lists, every minute,
+  the reference cycles modeld's disabled collector would leave (see _write_garbage)."""
   import backend.emu as emu
   nodes: list = []
   orig = emu.RenderNode.__init__
@@ -153,29 +143,15 @@ def modeld_child(argv: list[str], stats_file: str) -> int:
   emu.RenderNode.__init__ = init  # type: ignore[method-assign]
   libc = _libc()
   trim_s = float(os.environ.get("SOAK_TRIM_S", "0"))
-  trace = os.environ.get("SOAK_TRACEMALLOC") == "1"
   census = os.environ.get("SOAK_GARBAGE") == "1"
-  if trace:
-    import tracemalloc
-    tracemalloc.start(4)
 
   def report():
-    last_trim = last_trace = t0 = time.monotonic()
-    base = None
+    last_trim = t0 = time.monotonic()
     while True:
       time.sleep(1.0)
       if census and time.monotonic() - t0 > 60:   # modeld runs with gc disabled, like openpilot: what would a collection find?
         _write_garbage(stats_file + ".garbage.txt", time.monotonic() - t0)
         t0 = time.monotonic()
-      if trace and time.monotonic() - last_trace > (30 if base else 60):   # the base after a minute of warm-up
-        # the wrapper's own work (this thread, tracemalloc itself) is not modeld's
-        snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__, all_frames=True),
-                                                          tracemalloc.Filter(False, threading.__file__, all_frames=True)])
-        last_trace = time.monotonic()
-        if base is None:
-          base = snap
-        else:
-          _write_growth(snap.compare_to(base, "traceback"), stats_file + ".tracemalloc.txt")
       if trim_s and libc is not None and time.monotonic() - last_trim >= trim_s:
         libc.malloc_trim(0)
         last_trim = time.monotonic()
@@ -265,11 +241,11 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
         modeld.wait()
     sm.close()
   wall = time.monotonic() - t_start
-  growth = Path(stats_file + ".tracemalloc.txt")
+  garbage = Path(stats_file + ".garbage.txt")
   offered = fids[-1] - fids[0] + 1 if fids else 0
   return {"config": config, "frames": got, "asked": frames, "offered": offered, "drop_ratio": 1 - got / offered if offered else float("nan"),
           "wall_s": wall, "modeld_exit": modeld.returncode, "samples": samples, "logdir": str(logdir),
-          "growth": growth.read_text() if growth.exists() else None}
+          "garbage": garbage.read_text() if garbage.exists() else None}
 
 
 METRICS = [("rss_kb", "RSS KB"), ("private_kb", "private KB"), ("anon_kb", "anon KB"), ("fds", "open fds"), ("threads", "threads"),
@@ -291,8 +267,8 @@ def table(r: dict) -> str:
       continue
     f, v = zip(*pts, strict=True)
     lines.append(f"  {name:<22} {v[0]:>10} {v[-1]:>10} {slope_per_1000(list(f), list(v)):>18.1f}")
-  if r.get("growth"):
-    lines.append("  where Python memory grew after the first minute (tracemalloc):\n    " + r["growth"].rstrip().replace("\n", "\n    "))
+  if r.get("garbage"):
+    lines.append("  reference cycles found each minute (--garbage):\n    " + r["garbage"].rstrip().replace("\n", "\n    "))
   return "\n".join(lines)
 
 
@@ -308,15 +284,11 @@ def main() -> int:
   ap.add_argument("--json", type=Path, help="write the samples here")
   ap.add_argument("--trim-s", type=float, default=0, help="modeld returns the C heap's free memory to the kernel every n s (malloc_trim): "
                   "run once with and once without to tell memory the allocator keeps from memory something holds")
-  ap.add_argument("--tracemalloc", action="store_true", help="modeld traces Python allocations and writes where memory grew after the "
-                  "first minute to <side file>.tracemalloc.txt (slower: for finding growth, not for its slope)")
   ap.add_argument("--garbage", action="store_true", help="every minute, modeld collects the reference cycles its disabled collector "
                   "left behind and writes what they were to <side file>.garbage.txt (the run's samples then include those collections)")
   args = ap.parse_args()
   if args.trim_s:
     os.environ["SOAK_TRIM_S"] = str(args.trim_s)
-  if args.tracemalloc:
-    os.environ["SOAK_TRACEMALLOC"] = "1"
   if args.garbage:
     os.environ["SOAK_GARBAGE"] = "1"
   results = []
