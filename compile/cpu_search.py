@@ -136,9 +136,8 @@ def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout
     code = ("import sys; from compile.build import compile_artifact; "
             f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(camera)!r}, 'CPU', "
             f"{str(Path(td) / 'artifact')!r}, precision={precision!r}, layout={layout!r}, search='off')")
-    # the search times kernels split for, and run on, this machine's cores (compile/cpu_threads.py), their parts always in
-    # parallel: the runtime later runs a kernel's parts one after another where that measures faster; the set only
-    # matches a compile with the same thread count
+    # the search times kernels split for, and run on, this machine's cores, their parts in parallel as the runtime runs them
+    # (compile/cpu_threads.py); the set only matches a compile with the same thread count
     env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "PARALLEL": str(os.cpu_count() or 1), "MODELD_CPU_PARTS": "parallel"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).resolve().parents[1])
     compute, _ = precision_mod.choose("CPU", precision)
