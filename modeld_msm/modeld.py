@@ -66,7 +66,7 @@ class CycleCollector:
   is a latency spike). But the libraries under a step (capnp, tinygrad's JIT call, ctypes) leave a few reference cycles per
   frame, and with the collector off those are never freed: the slow growth a 10,000-frame soak measured (~1.8 Python blocks,
   0.15 KB a frame). So collect on our own schedule, between frames: everything alive after start-up is frozen out of the
-  collector's sight (gc.freeze), the youngest generation is collected after each published frame, all generations every
+  collector's sight (gc.freeze), the youngest generation is collected after each frame modeld handled, all generations every
   `full_every` frames; both only look at what was allocated since start-up, so they stay short (`longest_ms` says how short)."""
 
   def __init__(self, full_every: int = 200):
