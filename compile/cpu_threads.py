@@ -25,9 +25,10 @@ if _MODE not in ("auto", "parallel", "serial"):
   raise ValueError(f"MODELD_CPU_PARTS={_MODE!r}: use auto, parallel or serial")
 
 
-# worker i stays on its own core (the (i+1)-th the process may use): left to the scheduler, a woken worker was often
-# placed on the core of the thread that woke it, which then ran both parts in turn (the full step swung 62-84 ms between
-# runs; pinned, 62-65); MODELD_CPU_PIN=0 leaves placement to the scheduler. The caller is never pinned.
+# worker i stays on its own core (the (i+1)-th the process may use): left to the scheduler, a woken worker can land on
+# the core of the thread that woke it, which then runs both parts in turn (full step, one run: 63.2 ms pinned, 67.4 ms
+# left to the scheduler; unpinned runs swung 62-84 ms); MODELD_CPU_PIN=0 leaves placement to the scheduler. The caller
+# is never pinned.
 _PIN = os.environ.get("MODELD_CPU_PIN", "1") != "0"
 
 
@@ -95,9 +96,9 @@ def _program_class():
   from tinygrad.runtime.ops_cpu import CPUProgram
 
   class ThreadedCPUProgram(CPUProgram):
-    # Each program tries both ways on its first calls and keeps the faster: a kernel bound by memory bandwidth (shared by
-    # the cores) or too small for the hand-off gains nothing from a second core and loses the hand-off. Either way the
-    # parts write the same bytes, so the choice changes time only.
+    # With MODELD_CPU_PARTS=auto each program tries both ways on its first calls and keeps the faster (a kernel bound by
+    # memory bandwidth, shared by the cores, or too short for the hand-off gains nothing from a second core). Either way
+    # the parts write the same bytes, so the choice changes time only.
     TRIALS = 4   # per way, after one call that only warms the caches
 
     def __call__(self, *bufs, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False, timeout=None):
