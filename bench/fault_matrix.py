@@ -349,7 +349,7 @@ def local_rows(artifact: Path) -> None:
       signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
       resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
       from compile.artifact import METADATA, POLICY_PKL, WARP_PKL, write_artifact
-      from modeld_msm.errors import UserError
+      from selfdrive_glue.errors import UserError
       src = Path({str(artifact)!r})
       try:
         write_artifact(Path({str(out)!r}), {{n: (src / n).read_bytes() for n in (POLICY_PKL, WARP_PKL)}}, json.loads((src / METADATA).read_text()))

@@ -231,7 +231,7 @@ def fuzz_submaster(seed: int, n: int) -> Result:
 def fuzz_logreader(seed: int, n: int, tmp: Path) -> Result:
   import zstandard
 
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   from selfdrive_glue.logs import LogReader
   from selfdrive_glue.messaging import member_of
   res = Result("LogReader")

@@ -19,7 +19,7 @@ from typing import Any
 
 from compile import signing
 from compile.onnx_model import sha256_file
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 FORMAT = 1
 MANIFEST, METADATA = "manifest.json", "metadata.json"

@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 LAYOUTS = ("auto", "on", "off")
 

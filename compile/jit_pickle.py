@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 ALLOWLIST = Path(__file__).with_name("jit_pickle_allowlist.json")
 

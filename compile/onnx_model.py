@@ -11,7 +11,7 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 # name -> (shape, allowed element types); the real models feed fp16 graphs, our compile step feeds float32 casts
 VISION_INPUTS = {"img": ((1, 12, 128, 256), {"uint8"}), "big_img": ((1, 12, 128, 256), {"uint8"})}

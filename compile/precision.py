@@ -12,7 +12,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 PRECISIONS = ("auto", "fp16", "fp32")
 # /proc/cpuinfo flags that mean the CPU computes fp16 natively (x86: AVX512-FP16; arm64: FEAT_FP16 as asimdhp/fphp)

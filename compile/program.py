@@ -63,7 +63,7 @@ class DrivingProgram:
     self.policy_dtypes = {k: v.dtype for k, v in self.policy.graph_inputs.items()}
     self.hidden = vision.output_slices["hidden_state"]
     if self.hidden.stop - self.hidden.start != FEATURE_LEN:
-      from modeld_msm.errors import UserError
+      from selfdrive_glue.errors import UserError
       raise UserError(f"vision hidden_state slice {self.hidden} is not {FEATURE_LEN} wide")
     self.img_q = Tensor.zeros(IMG_Q, 6, 128, 256, dtype=dtypes.uint8, device=device).contiguous().realize()
     self.big_img_q = Tensor.zeros(IMG_Q, 6, 128, 256, dtype=dtypes.uint8, device=device).contiguous().realize()

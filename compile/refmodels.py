@@ -234,7 +234,7 @@ def build_model(kind: str, size: str = "tiny", seed: int = 0):
   import onnx
   from onnx import TensorProto, helper
 
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   if size not in SIZES:
     raise UserError(f"unknown model size '{size}'; use one of: {', '.join(SIZES)}")
   if kind not in ("vision", "policy"):
@@ -306,7 +306,7 @@ def stand_in_model(kind: str):
   """The trained stand-in (tiny architecture, weights from `modeld-msm train`), shipped as package data."""
   import onnx
 
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   path = STAND_IN_DIR / f"driving_{kind}.onnx"
   if not path.is_file():
     raise UserError(f"the trained stand-in model {path} is missing from this install; reinstall modeld-msm or use random weights")
@@ -317,7 +317,7 @@ def write_models(out_dir: str | Path, size: str = "tiny", seed: int = 0, stand_i
   """Write driving_vision.onnx and driving_policy.onnx into out_dir, each atomically (temp file + os.replace).
 
   stand_in: the trained stand-in pair (tiny only; `seed` is then ignored) instead of random weights."""
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   if stand_in and size != "tiny":
     raise UserError(f"the trained stand-in exists for size 'tiny' only, not '{size}'; use random weights for '{size}'")
   out_dir = Path(out_dir)

@@ -10,7 +10,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
 SIGNATURE = "manifest.sig"

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from modeld_msm.constants import DT_MDL, IDX_N, PLAN_WIDTH, T_IDXS, Plan
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 LAT_SMOOTH_SECONDS = 0.0
 LONG_SMOOTH_SECONDS = 0.3

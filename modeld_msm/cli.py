@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "demo", "synth", "replay",
             "regress", "train", "doctor"]

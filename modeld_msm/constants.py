@@ -8,9 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 # the output grids live with the renderer's truth, the lowest layer that uses them
-from selfdrive_glue.model_grids import IDX_N, LEAD_T_IDXS, LEAD_T_OFFSETS, META_T_IDXS, T_IDXS, X_IDXS  # noqa: F401 (re-exported)
-
-DT_MDL = 0.05  # s, one model step at 20 Hz
+from selfdrive_glue.model_grids import DT_MDL, IDX_N, LEAD_T_IDXS, LEAD_T_OFFSETS, META_T_IDXS, T_IDXS, X_IDXS  # noqa: F401 (re-exported)
 
 # inputs
 N_FRAMES = 2

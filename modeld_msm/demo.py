@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import replacing
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modeld-msm"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader
 from selfdrive_glue.route import ROAD_CAMERA, WIDE_CAMERA, Segment
 

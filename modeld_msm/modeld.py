@@ -17,9 +17,9 @@ from pathlib import Path
 
 from compile.artifact import MANIFEST, activate_target, resolve_artifact, verify_artifact
 from modeld_msm.core import PUBLISHED, SUBSCRIBED, Frame, ModeldCore
-from modeld_msm.errors import UserError
 from selfdrive_glue import messaging
 from selfdrive_glue.capnp_check import check_pointers
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info
 from selfdrive_glue.visionipc import VisionIpcClient, VisionStreamType
 

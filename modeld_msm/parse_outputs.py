@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from modeld_msm import constants as C
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 EXP_CLIP = 11.  # exp(11) ~ 6e4, just under float16's max; larger logits are saturation, not signal
 

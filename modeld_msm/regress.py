@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import replacing, write_atomic
 from selfdrive_glue.logs import LOG_SUFFIXES, LogReader
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from modeld_msm.errors import UserError
 from modeld_msm.frame_map import SegmentPlan, plan_segment
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LOG_SUFFIXES, LogWriter
 from selfdrive_glue.route import Segment, find_log, open_segment, segment_name
 

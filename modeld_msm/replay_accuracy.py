@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 from selfdrive_glue.logs import LogReader
 from selfdrive_glue.route import Segment

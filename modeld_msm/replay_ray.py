@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from modeld_msm import replay_store as store
-from modeld_msm.errors import UserError
 from modeld_msm.replay import MODES, WARMUP_STEPS, Replayer, ReplayResult, _error_result, _run_task, output_paths, plan_tasks
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.route import Segment
 
 TASK_RETRIES = 2  # tries after the first when the worker running a task dies

@@ -21,7 +21,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from compile.onnx_model import sha256_file
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 from selfdrive_glue.route import ROAD_CAMERA, WIDE_CAMERA, Segment
 

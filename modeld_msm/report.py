@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from modeld_msm.errors import UserError
 from modeld_msm.regress import CompareResult, FieldDiff, _as_array, _ignored
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import replacing, write_atomic
 from selfdrive_glue.logs import LOG_SUFFIXES
 from selfdrive_glue.route import Segment

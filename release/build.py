@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from modeld_msm.errors import UserError
 from release.bundle import BUNDLE_FILE, SMOKE_DIR, tree_size
 from release.smoke import SMOKE_FRAMES
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import CAMERA_SIZES
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from compile.onnx_model import sha256_file
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 BUNDLE_FILE = "bundle.json"
 SMOKE_DIR = "smoke"

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modeld_msm.errors import UserError
 from release.bundle import BUNDLE_FILE, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
 PROCESS_CONFIG = Path("system/manager/process_config.py")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 FRAMES_FILE, INPUTS_FILE, EXPECTED_FILE, META_FILE = "frames.nv12.zst", "inputs.npz", "expected.npz", "smoke.json"
 SMOKE_FORMAT = 1

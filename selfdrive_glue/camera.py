@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from modeld_msm.constants import DT_MDL
+from selfdrive_glue.model_grids import DT_MDL
 
 MPH_TO_MS = 0.44704
 LANE_CHANGE_SPEED_MIN = 20 * MPH_TO_MS  # m/s

@@ -17,7 +17,7 @@ from typing import Any
 
 import zstandard
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.services import SERVICE_LIST
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

@@ -6,6 +6,7 @@ Built with the same Python float expressions as openpilot, so the numbers on the
 from __future__ import annotations
 
 IDX_N = 33
+DT_MDL = 0.05  # s, one model step at 20 Hz (the desire helper's timers count in it too)
 
 
 def _quadratic_grid(end: float) -> list[float]:

@@ -29,7 +29,7 @@ class Params:
 
   def _file(self, key: str) -> Path:
     if not _KEY.match(key or ""):
-      from modeld_msm.errors import UserError
+      from selfdrive_glue.errors import UserError
       raise UserError(f"bad params key {key!r}: use letters, digits and '_' only")
     return self.dir / key
 

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 SEGMENT_SECONDS = 60
 ROAD_CAMERA, WIDE_CAMERA, DRIVER_CAMERA, QCAMERA = "fcamera.hevc", "ecamera.hevc", "dcamera.hevc", "qcamera.ts"

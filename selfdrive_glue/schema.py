@@ -31,7 +31,7 @@ def load() -> tuple[ModuleType, ModuleType, str]:
   """-> (log, car, source) where source is 'openpilot' or 'modeld-msm'."""
   choice = os.environ.get("MODELD_CEREAL", "auto")
   if choice not in ("auto", "own", "openpilot"):
-    from modeld_msm.errors import UserError
+    from selfdrive_glue.errors import UserError
     raise UserError(f"MODELD_CEREAL={choice!r} is not valid; use auto, own or openpilot")
   if choice != "own":
     op = _openpilot_cereal()

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from modeld_msm.errors import UserError
 from selfdrive_glue.camera import sensor_and_device
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogWriter, write_qlog
 from selfdrive_glue.road_render import STEER_RATIO, WHEELBASE, EgoState, RoadScene
 from selfdrive_glue.route import QCAMERA, ROAD_CAMERA, WIDE_CAMERA, route_name, segment_name

@@ -15,7 +15,7 @@ from typing import Any, cast
 import av
 import numpy as np
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import NV12Info, nv12_info
 
 QCAMERA_SIZE = (526, 330)

@@ -12,7 +12,7 @@ from modeld_msm.actions import (
   smooth_value,
 )
 from modeld_msm.constants import DT_MDL, T_IDXS, Plan
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.filters import FirstOrderFilter, FrameDropFilter
 
 T = np.array(T_IDXS)

@@ -34,7 +34,7 @@ WRITE = textwrap.dedent("""
   import sys
   sys.path.insert(0, {repo!r})
   from compile.artifact import POLICY_PKL, WARP_PKL, write_artifact
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   try:
     write_artifact({out!r}, {{POLICY_PKL: bytes(range(256)) * 4096, WARP_PKL: b"w" * 1000}}, {{"format": 1}})
   except UserError as e:

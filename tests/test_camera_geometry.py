@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-from modeld_msm.errors import UserError
 from selfdrive_glue.camera import (
   DEVICE_CAMERAS,
   device_camera_config,
@@ -12,6 +11,7 @@ from selfdrive_glue.camera import (
   sbigmodel_intrinsics,
   view_frame_from_device_frame,
 )
+from selfdrive_glue.errors import UserError
 
 # contract §7: zero-calibration warp = diag(s, s, 1) + translation (tx, ty)
 SANITY = [

@@ -14,7 +14,7 @@ import pytest
 
 from compile import cpu_layout, cpu_search
 from compile.build import ORT_ATOL, ORT_RTOL
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 

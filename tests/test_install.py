@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
-from modeld_msm.errors import UserError
 from release.install import INSTALL_REL, PROCESS_CONFIG, install, uninstall
+from selfdrive_glue.errors import UserError
 
 PROCESS_PY = '''\
 class _Proc:

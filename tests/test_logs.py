@@ -9,8 +9,8 @@ import capnp
 import pytest
 import zstandard
 
-from modeld_msm.errors import UserError
 from selfdrive_glue import messaging
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader, LogWriter, decompress, qlog_filter, split_events, write_qlog
 from selfdrive_glue.services import SERVICE_LIST
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from modeld_msm.errors import UserError
 from selfdrive_glue import messaging
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.params import Params, default_params_dir
 
 CTX = multiprocessing.get_context("fork")

@@ -9,8 +9,8 @@ import pytest
 from conftest import REPO, ModeldHarness
 
 from compile.artifact import MANIFEST
-from modeld_msm.errors import UserError
 from modeld_msm.modeld import Streams, adopt_streams, check_artifact_path
+from selfdrive_glue.errors import UserError
 
 
 @pytest.mark.parametrize("cmd", [["-m", "modeld_msm.cli", "serve", "--no-realtime"], ["-m", "modeld_msm.modeld", "--demo"]])

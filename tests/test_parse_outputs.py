@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from modeld_msm.errors import UserError
 from modeld_msm.parse_outputs import parse_policy_outputs, parse_vision_outputs, safe_exp, sigmoid, slice_outputs, softmax
+from selfdrive_glue.errors import UserError
 
 # current split models (contract §5)
 VISION_SLICES = {

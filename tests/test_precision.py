@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from compile.precision import choose, cpu_info, widen_to_fp32
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 EPYC = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx f16c fma avx2 avx512f avx512_bf16\n"
 SAPPHIRE = "processor\t: 0\nmodel name\t: Intel Xeon Platinum 8480+\nflags\t\t: avx avx2 f16c avx512f avx512fp16 amx_fp16\n"

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compile import refmodels
 from compile.refmodels import POLICY_SLICES, VISION_SLICES, build_model, count_macs, count_params, write_models
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -4,9 +4,9 @@ import sys
 import numpy as np
 import pytest
 
-from modeld_msm.errors import UserError
 from modeld_msm.regress import regress
 from selfdrive_glue import messaging
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogWriter
 
 

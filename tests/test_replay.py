@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modeld_msm.errors import UserError
 from modeld_msm.frame_map import plan_segment
 from modeld_msm.regress import regress
 from modeld_msm.replay import Replayer, replay_many, replay_segment
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader, LogWriter
 from selfdrive_glue.nv12 import nv12_info
 from selfdrive_glue.route import expand_segments, open_segment
@@ -216,8 +216,8 @@ def test_first_calibration_is_known_from_the_start(seg, artifact, tmp_path):
 
 
 def test_output_naming(tmp_path):
-  from modeld_msm.errors import UserError
   from modeld_msm.replay import output_paths
+  from selfdrive_glue.errors import UserError
   from selfdrive_glue.route import Segment
   one = [Segment(tmp_path / "r--0")]
   two = one + [Segment(tmp_path / "r--1")]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from test_replay import artifact  # noqa: F401  (the cached tiny 1344x760 CPU artifact; same xdist group)
 
-from modeld_msm.errors import UserError
 from modeld_msm.frame_map import plan_segment
 from modeld_msm.replay_accuracy import TruthSource, evaluate, lat_action_t, outputs_from_log, synthetic_source, truth_at
 from selfdrive_glue import messaging
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader
 from selfdrive_glue.road_render import RoadScene
 from selfdrive_glue.route import open_segment

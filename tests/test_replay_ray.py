@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from modeld_msm import replay_store as store
-from modeld_msm.errors import UserError
 from modeld_msm.replay import replay_many
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.route import expand_segments
 from selfdrive_glue.synth import synth_route
 

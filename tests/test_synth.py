@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader
 from selfdrive_glue.road_render import RoadScene
 from selfdrive_glue.route import expand_segments, open_segment

@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info
 from selfdrive_glue.road_render import RoadScene
 from selfdrive_glue.video import QCAMERA_SIZE, VideoReader, VideoWriter, frame_to_venus, scale_venus, tight_to_venus, venus_planes, venus_to_tight

@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
   from modeld_msm.demo import DemoOptions, print_summary, run_demo
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   from selfdrive_glue.nv12 import parse_camera
   parse_camera(args.camera)
   if args.seconds <= 0:

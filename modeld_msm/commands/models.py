@@ -12,7 +12,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
   from compile.refmodels import write_models
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   if args.seed < 0:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
   for kind, w in write_models(args.output, args.size, args.seed).items():

@@ -50,9 +50,9 @@ def summary_table(manifest: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-  from modeld_msm.errors import UserError
   from release.build import build_bundle
   from release.bundle import human_size, tree_size
+  from selfdrive_glue.errors import UserError
   from selfdrive_glue.nv12 import CAMERA_SIZES
   if args.smoke_frames < 0:
     raise UserError(f"--smoke-frames must be 0 or more, not {args.smoke_frames}")

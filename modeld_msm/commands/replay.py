@@ -42,8 +42,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-  from modeld_msm.errors import UserError
   from modeld_msm.replay import replay_many
+  from selfdrive_glue.errors import UserError
   from selfdrive_glue.route import expand_segments
   if args.jobs is not None and args.jobs < 1:
     raise UserError(f"--jobs must be >= 1, got {args.jobs}")
@@ -105,7 +105,7 @@ def _default_artifact(segments, size: str, stand_in: bool):
   """The reference models (tiny: the trained stand-in unless asked otherwise) compiled for the first segment's camera size
   on CPU, cached as `modeld-msm demo` does: synthetic segments then get accuracy numbers that mean something."""
   from modeld_msm.demo import cached_artifact
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   from selfdrive_glue.route import ROAD_CAMERA
   from selfdrive_glue.video import VideoReader
   road = segments[0].camera(ROAD_CAMERA)

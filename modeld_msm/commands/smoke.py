@@ -41,9 +41,9 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-  from modeld_msm.errors import UserError
   from release import smoke
   from release.bundle import read_index, verify_bundle
+  from selfdrive_glue.errors import UserError
   if args.frames is not None and args.frames < 1:
     raise UserError(f"--frames must be at least 1, not {args.frames}")
   device = read_index(args.bundle).get("device")

@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-  from modeld_msm.errors import UserError
+  from selfdrive_glue.errors import UserError
   from selfdrive_glue.nv12 import parse_camera
   from selfdrive_glue.synth import synth_route, synth_segment
   parse_camera(args.camera)

@@ -24,8 +24,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
   from pathlib import Path
 
-  from modeld_msm.errors import UserError
   from modeld_msm.train.recipe import Recipe, train
+  from selfdrive_glue.errors import UserError
   for name in ("drives", "eval_drives", "frames", "vision_steps", "policy_steps", "batch"):
     if getattr(args, name) < 1:
       raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
