@@ -23,8 +23,9 @@ from tinygrad.runtime.autogen import mesa
 
 from backend.emu.executor import Dispatch, GpuFault
 from backend.emu.ir3 import alu
+from backend.emu.ir3.compiled import compile_instr
 from backend.emu.ir3.decode import REG_A0, DecodeError, Instr, Operand, Program, decode
-from backend.emu.ir3.memory import GlobalMemory, Images, load_bytes, store_bytes
+from backend.emu.ir3.memory import MEM_BYTES, GlobalMemory, Images, from_bytes, load_bytes, store_bytes, to_bytes
 from backend.emu.pm4 import field as _field
 
 NREGS = 64 * 4
@@ -58,10 +59,13 @@ class Counts:
 class Lanes:
   """Register state of one batch of fibers."""
 
-  def __init__(self, n: int, merged: bool, consts: np.ndarray):
+  def __init__(self, n: int, merged: bool, consts: np.ndarray, rows: int = NREGS):
     self.n = n
-    self.full = np.zeros((NREGS, n), np.uint32)
-    self.half = self.full.view(np.uint16).reshape(NREGS, n, 2) if merged else np.zeros((NREGS, n), np.uint16)
+    # only the rows a program can reach are allocated: clearing all 256 rows of 16k lanes was most of a batch's setup
+    self.full = np.zeros((rows, n), np.uint32)
+    self.half = self.full.view(np.uint16).reshape(rows, n, 2) if merged else np.zeros((rows, n), np.uint16)
+    self.f32, self.i32 = self.full.view(np.float32), self.full.view(np.int32)   # typed rows for the compiled fast paths
+    self.memo: dict[int, Any] = {}   # compiled const operands, typed once per batch
     self.merged = merged
     self.pred = np.zeros((4, n), np.bool_)
     self.consts = consts
@@ -120,9 +124,12 @@ class Batch:
     self.prog, self.gmem, self.images, self.counts, self.kernel = prog, gmem, images, counts, kernel
     self.active = n   # lanes the current instruction runs on
     cntl0 = d.regs.get(mesa.REG_A6XX_SP_CS_CNTL_0, 0)
-    self.L = L = Lanes(n, bool(cntl0 & mesa.A6XX_SP_CS_CNTL_0_MERGEDREGS), consts)
     cfg = d.regs.get(mesa.REG_A6XX_SP_CS_CONST_CONFIG_0, 0xfcfcfcfc)
     lid_reg, wgid_reg = _field(cfg, "A6XX_SP_CS_CONST_CONFIG_0_LOCALIDREGID"), _field(cfg, "A6XX_SP_CS_CONST_CONFIG_0_WGIDCONSTID")
+    if (rows := _ROWS.get(prog.digest)) is None:
+      rows = _ROWS[prog.digest] = _rows_used(prog)
+    rows = max([rows] + [r + 3 for r in (lid_reg, wgid_reg) if r != 0xfc])
+    self.L = L = Lanes(n, bool(cntl0 & mesa.A6XX_SP_CS_CNTL_0_MERGEDREGS), consts, min(NREGS, rows))
     local = np.arange(wsize, dtype=np.uint32)
     lid = (local % lx, (local // lx) % ly, local // (lx * ly))
     for c in range(3):
@@ -148,7 +155,9 @@ class Batch:
     pcs: np.ndarray | None = None       # per-lane PCs, only while lanes diverge
     pc = 0
     pred_stack: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (lanes at predt, p0.x at predt, lanes enabled now)
-    handlers = _handlers(prog)
+    handlers, blocks = _handlers(prog)
+    instrs, nprog = prog.instrs, len(prog)
+    counts, by_category = self.counts, self.counts.by_category
     while True:
       if pcs is None:
         at = None if all_alive else alive
@@ -160,17 +169,36 @@ class Batch:
         at = alive & (pcs == pc)
         if at.sum() == live.size:      # every live lane is here again: back to one PC
           pcs, at = None, (None if all_alive else alive)
-      if pc >= len(prog):
-        raise self.fault(len(prog) - 1, "ran past the end of the program (no 'end')")
-      ins = prog.instrs[pc]
+      if pc >= nprog:
+        raise self.fault(nprog - 1, "ran past the end of the program (no 'end')")
+      ins = instrs[pc]
       mask = at
       if pred_stack:
         mask = pred_stack[-1][2] if mask is None else (mask & pred_stack[-1][2])
+      if pcs is None and handlers[pc] is not None:
+        # one PC for all lanes and no flow instruction up to the block's end: the mask holds for the whole block
+        if (blk := blocks.get(pc)) is None:
+          blk = blocks[pc] = _block(prog, handlers, pc)
+        hs, work, cat_work, end = blk
+        self.active = active = n if mask is None else int(np.count_nonzero(mask))
+        counts.instrs += active * work
+        for c, w in cat_work:
+          by_category[c] = by_category.get(c, 0) + active * w
+        try:
+          for h in hs:
+            h(self, mask)
+            pc += 1
+        except ShaderFault:
+          raise
+        except (alu.Unimplemented, GpuFault) as e:
+          raise self._fault_from(pc, e) from None
+        continue
       cat = ins.cat
       nxt = pc + 1
-      self.active = active = self.n if mask is None else int(np.count_nonzero(mask))
-      self.counts.instrs += active * (ins.repeat + 1)
-      self.counts.by_category[cat] = self.counts.by_category.get(cat, 0) + active * (ins.repeat + 1)
+      self.active = active = n if mask is None else int(np.count_nonzero(mask))
+      work = active * (ins.repeat + 1)
+      counts.instrs += work
+      by_category[cat] = by_category.get(cat, 0) + work
       try:
         if cat == 0 or cat == 7:
           op = ins.op
@@ -214,19 +242,22 @@ class Batch:
           else:
             raise alu.Unimplemented(f"flow instruction '{op}'")
         else:
-          handlers[pc](self, ins, mask)
-      except alu.Unimplemented as e:
-        raise self.fault(pc, f"not implemented: {e}") from None
-      except GpuFault as e:
-        if isinstance(e, ShaderFault):
-          raise
-        f = self.fault(pc, str(e))
-        f.page = e.page   # still a page fault, now naming the kernel
-        raise f from None
+          handlers[pc](self, mask)  # type: ignore[misc]
+      except ShaderFault:
+        raise
+      except (alu.Unimplemented, GpuFault) as e:
+        raise self._fault_from(pc, e) from None
       if pcs is None:
         pc = nxt
       else:
         pcs[at] = nxt
+
+  def _fault_from(self, pc: int, e: alu.Unimplemented | GpuFault) -> ShaderFault:
+    if isinstance(e, alu.Unimplemented):
+      return self.fault(pc, f"not implemented: {e}")
+    f = self.fault(pc, str(e))
+    f.page = e.page   # still a page fault, now naming the kernel
+    return f
 
   def fault(self, pc: int, msg: str) -> ShaderFault:
     return ShaderFault(f"kernel {self.kernel}: instruction {pc} '{self.prog.instrs[pc].text}': {msg}\n{self.prog.listing(pc, 3)}")
@@ -335,9 +366,6 @@ def _cat5(b: Batch, ins: Instr, mask) -> None:
   b.counts.tex += b.active
 
 
-_MEM_BYTES = {"u32": 4, "s32": 4, "f32": 4, "b32": 4, "u16": 2, "s16": 2, "f16": 2, "b16": 2, "u8": 1, "s8": 1}
-
-
 def _address(L: Lanes, o: Operand) -> np.ndarray:
   lo = L.read(o.base, 0, False).astype(np.uint64)  # type: ignore[arg-type]
   hi = L.read(Operand("r", o.base.index + 1), 0, False).astype(np.uint64)  # type: ignore[union-attr]
@@ -350,7 +378,7 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
   sel = np.ones(b.n, np.bool_) if mask is None else mask
   if op in ("ldg", "stg", "ldl", "stl", "ldp", "stp"):
     tp = ins.types[0]
-    size = _MEM_BYTES[tp]
+    size = MEM_BYTES[tp]
     memop = ins.srcs[0]
     if op in ("ldg", "stg"):
       addr = _address(L, memop)[sel]
@@ -380,7 +408,7 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
       b.counts.mem_load += raw.size
       for c in range(ins.count):
         chunk = raw[:, c * size:(c + 1) * size]
-        val = _from_bytes(chunk, tp)
+        val = from_bytes(chunk, tp)
         full = np.zeros(b.n, np.uint16 if dst.half else np.uint32)
         full[sel] = val
         L.write(dst, c, full, mask)
@@ -389,7 +417,7 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
       cols = []
       for c in range(ins.count):
         bits = np.broadcast_to(L.read(src, c, src.half, consecutive=src.kind in ("r", "c")), (b.n,))[sel]
-        cols.append(_to_bytes(bits, tp))
+        cols.append(to_bytes(bits, tp))
       data = np.concatenate(cols, axis=1) if cols else np.zeros((0, 0), np.uint8)
       b.counts.mem_store += data.size
       storer(addr, data)
@@ -407,30 +435,48 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
   raise alu.Unimplemented(f"memory instruction '{ins.name}'")
 
 
-def _from_bytes(chunk: np.ndarray, tp: str) -> np.ndarray:
-  size = chunk.shape[1]
-  v = np.ascontiguousarray(chunk).view({1: np.uint8, 2: np.uint16, 4: np.uint32}[size]).reshape(-1)
-  if tp == "s8":
-    return v.view(np.int8).astype(np.int32).astype(np.uint32)
-  if tp == "s16":
-    return v.view(np.int16).astype(np.int32).astype(np.uint32)
-  return v
-
-
-def _to_bytes(bits: np.ndarray, tp: str) -> np.ndarray:
-  size = _MEM_BYTES[tp]
-  v = np.ascontiguousarray(bits).astype({1: np.uint8, 2: np.uint16, 4: np.uint32}[size], casting="unsafe")
-  return v.view(np.uint8).reshape(-1, size)
-
-
 _CAT_HANDLERS: dict[int, Callable] = {1: _cat1, 2: _cat2, 3: _cat3, 4: _cat4, 5: _cat5, 6: _cat6}
-_HANDLER_CACHE: dict[str, list[Callable]] = {}
+Block = tuple[tuple[Callable, ...], int, tuple[tuple[int, int], ...], int]
+_HANDLER_CACHE: dict[str, tuple[list[Callable | None], dict[int, Block]]] = {}
 
 
-def _handlers(prog: Program) -> list[Callable]:
+def _handlers(prog: Program) -> tuple[list[Callable | None], dict[int, Block]]:
+  """One closure (batch, mask) per instruction, built on the program's first dispatch (flow instructions get None), and
+  the straight-line blocks found so far, by entry PC."""
   if (h := _HANDLER_CACHE.get(prog.digest)) is None:
-    h = _HANDLER_CACHE[prog.digest] = [_CAT_HANDLERS.get(i.cat, _unknown) for i in prog.instrs]
+    h = _HANDLER_CACHE[prog.digest] = ([
+      None if i.cat in (0, 7) else compile_instr(i, _CAT_HANDLERS.get(i.cat, _unknown), _op_half(i) if i.cat in (2, 3) else False)
+      for i in prog.instrs], {})
   return h
+
+
+_ROWS: dict[str, int] = {}
+
+
+def _rows_used(prog: Program) -> int:
+  """Register rows (full or half file) any instruction can touch: each register operand (memory bases included) plus
+  the most its instruction steps past it ((rpt), consecutive components, isam's wrmask and y coordinate, an address's
+  high word), with room to spare."""
+  top = 0
+  for i in prog.instrs:
+    span = max(i.repeat, i.count, 4) + 1
+    for o in (*i.dst, *i.srcs):
+      r = o.base if o.kind == "mem" else o
+      if r is not None and r.kind == "r":
+        top = max(top, r.index + span)
+  return top + 4
+
+
+def _block(prog: Program, handlers: list[Callable | None], pc: int) -> Block:
+  """The instructions from pc up to the next flow instruction (or the end): their closures, fiber-instructions per lane
+  in all and per category (in order of first appearance, as the per-instruction count would insert them), the next PC."""
+  end = pc
+  while end < len(handlers) and handlers[end] is not None:
+    end += 1
+  per_cat: dict[int, int] = {}
+  for i in prog.instrs[pc:end]:
+    per_cat[i.cat] = per_cat.get(i.cat, 0) + i.repeat + 1
+  return tuple(h for h in handlers[pc:end] if h is not None), sum(per_cat.values()), tuple(per_cat.items()), end
 
 
 def _unknown(b: Batch, ins: Instr, mask) -> None:

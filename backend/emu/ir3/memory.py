@@ -12,6 +12,25 @@ from tinygrad.runtime.autogen import mesa
 from backend.emu.executor import Dispatch, GpuFault, PageFault
 from backend.emu.pm4 import field as _f
 
+MEM_BYTES = {"u32": 4, "s32": 4, "f32": 4, "b32": 4, "u16": 2, "s16": 2, "f16": 2, "b16": 2, "u8": 1, "s8": 1}
+
+
+def from_bytes(chunk: np.ndarray, tp: str) -> np.ndarray:
+  """(m, size) loaded bytes -> register bits (8/16-bit signed types sign-extend to 32)."""
+  size = chunk.shape[1]
+  v = np.ascontiguousarray(chunk).view({1: np.uint8, 2: np.uint16, 4: np.uint32}[size]).reshape(-1)
+  if tp == "s8":
+    return v.view(np.int8).astype(np.int32).astype(np.uint32)
+  if tp == "s16":
+    return v.view(np.int16).astype(np.int32).astype(np.uint32)
+  return v
+
+
+def to_bytes(bits: np.ndarray, tp: str) -> np.ndarray:
+  size = MEM_BYTES[tp]
+  v = np.ascontiguousarray(bits).astype({1: np.uint8, 2: np.uint16, 4: np.uint32}[size], casting="unsafe")
+  return v.view(np.uint8).reshape(-1, size)
+
 
 def load_bytes(buf: np.ndarray, offs: np.ndarray, nbytes: int) -> np.ndarray:
   """(m, nbytes) bytes of `buf` at byte offsets `offs` (dword-aligned loads take the fast path)."""
@@ -64,6 +83,17 @@ class GlobalMemory:
         raise PageFault(f"{what} at {bad:#x}+{nbytes} runs past the end of its BO (ends at {start + arr.size:#x})")
       yield inside, arr, offs
       left &= ~inside
+
+  def single(self, addr: np.ndarray, nbytes: int, what: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(BO bytes, offsets) when every lane's access lies inside the BO of the lowest address, else None (more than one
+    BO, or a fault, which `_groups` then raises). The lookup is the first one `_groups` makes, so it faults the same."""
+    if not addr.size:
+      return None
+    lo, hi = int(addr.min()), int(addr.max())
+    start, arr = self._region(lo, what)
+    if hi - start + nbytes > arr.size:
+      return None
+    return arr, (addr - np.uint64(start)).astype(np.int64)
 
   def load(self, addr: np.ndarray, nbytes: int) -> np.ndarray:
     out = np.zeros((len(addr), nbytes), np.uint8)
@@ -122,6 +152,7 @@ class Images:
     self.d, self.gmem = d, gmem
     self._tex: dict[int, Image] = {}
     self._uav: dict[int, Image] = {}
+    self._rows: dict[int, tuple[np.ndarray, int]] = {}   # texture slot -> its texels as rows, texels per image row
 
   def _get(self, cache: dict[int, Image], descs: bytes, slot: int, kind: str) -> Image:
     if (img := cache.get(slot)) is None:
@@ -129,6 +160,25 @@ class Images:
         raise GpuFault(f"{kind} slot {slot} has no descriptor ({len(descs) // 64} loaded)")
       img = cache[slot] = parse_descriptor(descs[slot * 64:(slot + 1) * 64], self.gmem, f"{kind} descriptor {slot}")
     return img
+
+  def gather(self, slot: int, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """isam for every lane: (n, 4) texels in the image's dtype, 0 outside the image (what `fetch` returns, transposed and
+    before the widening to fp32; lanes a mask leaves out are read too, harmlessly: they are inside the image)."""
+    img = self._get(self._tex, self.d.textures, slot, "texture")
+    if (rows := self._rows.get(slot)) is None:
+      # texels as rows of 4 components, row y*stride + x (np.take over rows is ~3x faster than 2-D fancy indexing)
+      stride = img.pitch // img.texel if img.pitch % img.texel == 0 else 0
+      n = (img.height - 1) * stride + img.width if stride else 0
+      rows = self._rows[slot] = (np.ndarray((n, 4), img.dtype, img.data, 0, (img.texel, img.texel // 4)) if stride else
+                                 np.ndarray((img.height, img.width, 4), img.dtype, img.data, 0, (img.pitch, img.texel, img.texel // 4)), stride)
+    grid, stride = rows
+    ok = (x.view(np.uint32) < img.width) & (y.view(np.uint32) < img.height)
+    if ok.all():
+      return grid.take(y.astype(np.int64) * stride + x, axis=0) if stride else grid[y, x]
+    out: np.ndarray = np.zeros((len(ok), 4), img.dtype)
+    yo, xo = y[ok], x[ok]
+    out[ok] = grid.take(yo.astype(np.int64) * stride + xo, axis=0) if stride else grid[yo, xo]
+    return out
 
   def _offsets(self, img: Image, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.broadcast_to(x, sel.shape if sel is not None else x.shape), np.broadcast_to(y, sel.shape if sel is not None else y.shape)
@@ -145,6 +195,19 @@ class Images:
     raw = load_bytes(img.data, offs, img.texel)
     out[:, ok] = raw.view(img.dtype).reshape(-1, 4).T.astype(np.float32)
     return out
+
+  def store_all(self, slot: int, x: np.ndarray, y: np.ndarray, comps: list[np.ndarray]) -> int | None:
+    """`store` for every lane when all of them are inside the image (else None, and `store` does it): the same texel
+    bytes, made without the per-lane selections."""
+    img = self._get(self._uav, self.d.uavs, slot, "UAV")
+    if not ((x.view(np.uint32) < img.width) & (y.view(np.uint32) < img.height)).all():
+      return None
+    vals = np.zeros((len(x), 4), np.float32)
+    for c, v in enumerate(comps):
+      vals[:, c] = v
+    offs = y.astype(np.int64) * img.pitch + x.astype(np.int64) * img.texel
+    store_bytes(img.data, offs, np.ascontiguousarray(vals.astype(img.dtype)).view(np.uint8).reshape(len(offs), img.texel))
+    return len(offs) * img.texel
 
   def store(self, slot: int, x: np.ndarray, y: np.ndarray, comps: list[np.ndarray], sel: np.ndarray) -> int:
     """stib: writes the lanes' components in the image's format; a coordinate outside the image is dropped."""
