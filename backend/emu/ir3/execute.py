@@ -139,12 +139,27 @@ class Batch:
         L.full[wgid_reg + c] = np.repeat(wg_ids[:, c].astype(np.uint32), wsize)
     cntl1 = d.regs.get(mesa.REG_A6XX_SP_CS_CNTL_1, 0)
     self.shared_bytes = (_field(cntl1, "A6XX_SP_CS_CNTL_1_SHARED_SIZE") + 1) * 1024
-    self.shared = np.zeros(nwg * self.shared_bytes, np.uint8)
+    self.nwg = nwg
+    self._shared: np.ndarray | None = None
     self.lane_wg = np.repeat(np.arange(nwg, dtype=np.int64), wsize)
     pvt = d.regs.get(mesa.REG_A6XX_SP_CS_PVT_MEM_PARAM, 0)
     self.pvt_bytes = _field(pvt, "A6XX_SP_CS_PVT_MEM_PARAM_MEMSIZEPERITEM") * 512
-    self.private = np.zeros(n * self.pvt_bytes, np.uint8) if self.pvt_bytes else np.zeros(0, np.uint8)
+    self._private: np.ndarray | None = None
     self.lane_ids = np.arange(n, dtype=np.int64)
+
+  # shared and private memory are made on first use: most kernels have neither, and clearing a batch's worth of them
+  # (up to 32 KiB per workgroup) cost more than many whole dispatches
+  @property
+  def shared(self) -> np.ndarray:
+    if self._shared is None:
+      self._shared = np.zeros(self.nwg * self.shared_bytes, np.uint8)
+    return self._shared
+
+  @property
+  def private(self) -> np.ndarray:
+    if self._private is None:
+      self._private = np.zeros(self.n * self.pvt_bytes, np.uint8) if self.pvt_bytes else np.zeros(0, np.uint8)
+    return self._private
 
   # *** the SIMT loop ***
 
