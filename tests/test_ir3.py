@@ -314,13 +314,26 @@ def fault_policy(node, policy: str):
     node.fault_policy = was
 
 
+@contextlib.contextmanager
+def planted_faults(node):
+  """For a test that makes the shared node fault on purpose: the entries its faults add to the node's logs (stats.faults,
+  stats.reported) are taken out again when the block ends. The node is this process's QCOM device's, so whatever a test
+  leaves in those logs is seen by every later test on it (test_backend_qcom.py asserts they hold no fault), in whichever
+  order pytest or xdist runs them. The monotonic counters (page_faults, a queue's FAULTS) stay: tests read them as deltas."""
+  faults, reported = list(node.stats.faults), list(node.stats.reported)
+  try:
+    yield node
+  finally:
+    node.stats.faults[:], node.stats.reported[:] = faults, reported
+
+
 def test_pointer_outside_the_submit_faults_and_names_the_kernel():
   """A global load through a pointer the kernel was not given (a constant bent by 1 MiB past its buffer) is a GPU fault in
   strict mode, reported through the MSM fault path with the kernel and the instruction."""
   from tinygrad import Tensor
 
   from backend.msm import MSMFault
-  with executing() as node, fault_policy(node, "strict"):
+  with executing() as node, fault_policy(node, "strict"), planted_faults(node):
     a = Tensor(np.arange(64, dtype=np.float32), device="QCOM").realize()
     node.tamper = _bend
     try:
@@ -335,7 +348,7 @@ def test_pointer_fault_without_hang_returns_a_wrong_answer():
   """The default (kernel) policy, like msm: the same bent pointer is a page fault that does not hang, so the step returns with
   no error and an unchanged FAULTS count, and the output is wrong; only the node's log names the kernel and the instruction."""
   from tinygrad import Tensor
-  with executing() as node, fault_policy(node, "kernel"):
+  with executing() as node, fault_policy(node, "kernel"), planted_faults(node):
     it = _emu().iface
     a = Tensor(np.arange(64, dtype=np.float32), device="QCOM").realize()
     want = np.arange(64) * 3.0 + 1
@@ -349,6 +362,17 @@ def test_pointer_fault_without_hang_returns_a_wrong_answer():
     assert re.search(r"page fault, no hang \(not reported\): kernel .*instruction .*(ldg|stg)", node.stats.faults[-1])
     assert not np.array_equal(got, want)   # the faulting dispatch's work is lost: nothing in the UAPI said so
     assert np.array_equal((a * 3 + 1).numpy(), want)
+
+
+def test_planted_faults_leave_the_shared_node_logs_as_found():
+  """The two tests above fault the process's shared node on purpose. Their log entries stayed behind, and a later test on
+  that node in the same process (test_backend_qcom.py's elementwise and JIT-replay tests: `not node.stats.faults`) failed
+  on faults it never caused, whenever xdist happened to give one worker these tests first."""
+  node = _emu().iface.node
+  before = list(node.stats.faults), list(node.stats.reported)
+  test_pointer_outside_the_submit_faults_and_names_the_kernel()
+  test_pointer_fault_without_hang_returns_a_wrong_answer()
+  assert (node.stats.faults, node.stats.reported) == before
 
 
 def test_unimplemented_instruction_is_a_clear_error():
