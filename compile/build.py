@@ -32,7 +32,7 @@ from compile import precision as precision_mod
 from compile.jit_pickle import pickle_programs, unpickle_programs
 from compile.metres import describe, metres_apart
 from compile.onnx_model import OnnxModelInfo, load_model_info
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import NV12Info, nv12_info
 
 # fp16 graphs: each op rounds to 11 significant bits and the two runtimes order reductions differently, so compare with
@@ -311,7 +311,9 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     # kernels were split into this many parts, run concurrently at load (compile/cpu_threads.py)
     "cpu_threads": threads,
     "search": {"used": searched is not None, "why": search_why, "beam": searched["beam"] if searched else None,
-               "kernels": len(searched["entries"]) if searched else 0},
+               "kernels": len(searched["entries"]) if searched else 0,
+               # kernels the tuner re-searched and changed (compile/cpu_tune.py)
+               "tuned": cpu_search.tuned_count(searched) if searched else 0},
     "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, "step_plan": STEP_PLAN},
   }
   art_mod.write_artifact(out_dir, {art_mod.POLICY_PKL: policy_pkl, art_mod.WARP_PKL: warp_pkl}, meta)

@@ -23,14 +23,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from modeld_msm.errors import UserError
+from selfdrive_glue.errors import UserError
 
 TABLE = Path(__file__).with_name("cpu_search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (modeld_msm/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
-TABLE_SHA256: str | None = "36577fb8c82c8795cd5b4071b0da9977de89053baa56c0db528a5b25f8f57e43"
-SEARCHES = ("auto", "off")
+TABLE_SHA256: str | None = "7e024b3e7198787051cdf6e8bbcf7409d2cc63d4f7e71bc98f1ce5eaace164a7"
+SEARCHES = ("auto", "off", "untuned")
 FORMAT = 1
 
 
@@ -85,8 +85,23 @@ def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = N
   table = load_table() if table is None else table
   for s in table["sets"]:
     if s["match"] == key:
-      return s, f"shipped BEAM={s['beam']} search for these models ({len(s['entries'])} kernels, recorded on {s['recorded_on']})"
+      why = f"shipped BEAM={s['beam']} search for these models ({len(s['entries'])} kernels, recorded on {s['recorded_on']})"
+      if requested == "untuned":
+        return untuned(s), why + ", without the tuner's changes"
+      return s, why + (f", {n} tuned" if (n := tuned_count(s)) else "")
   return None, "no shipped search for these models/camera/precision/layout (tinygrad's heuristic opts)"
+
+
+def tuned_count(recorded: dict[str, Any]) -> int:
+  """Kernels whose opts the tuner (compile/cpu_tune.py) changed from what the search recorded."""
+  now = {e["ast"]: e["opts"] for e in recorded["entries"]}
+  return sum(now.get(t["ast"]) != t["recorded_opts"] for t in recorded.get("tuned", {}).get("kernels", []))
+
+
+def untuned(recorded: dict[str, Any]) -> dict[str, Any]:
+  """The set as its search recorded it, before the tuner: for A/B runs (MODELD_CPU_SEARCH=untuned)."""
+  orig = {t["ast"]: t["recorded_opts"] for t in recorded.get("tuned", {}).get("kernels", [])}
+  return {**recorded, "entries": [{**e, "opts": orig.get(e["ast"], e["opts"])} for e in recorded["entries"]], "tuned": {}}
 
 
 def install(recorded: dict[str, Any]) -> int:
@@ -151,6 +166,37 @@ def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout
   return recorded
 
 
+def tune(size: str, camera: tuple[int, int], precision: str, layout: str, top: int, table_path: Path = TABLE, seed: int = 0,
+         budget: int | None = None, new: bool = False, log=print) -> dict[str, Any]:
+  """Re-search the slowest kernels of a recorded set's step (compile/cpu_tune.py) and store the set back. `new`: with no
+  recorded set, start one from tinygrad's heuristic opts (minutes instead of a BEAM recording's tens of minutes)."""
+  import tempfile
+
+  from compile import cpu_layout, cpu_threads, cpu_tune
+  from compile import precision as precision_mod
+  from compile.onnx_model import sha256_file
+  from compile.refmodels import write_models
+  if cpu_threads.mode() != "parallel":
+    raise UserError("tune times kernels as the runtime runs them: unset MODELD_CPU_PARTS (parallel)")
+  compute, _ = precision_mod.choose("CPU", precision)
+  use_layout, _ = cpu_layout.choose("CPU", layout)
+  with tempfile.TemporaryDirectory(prefix="modeld-msm-tune-") as td:
+    models = write_models(Path(td) / "models", size, seed)
+    key = match_key(device="CPU", precision=compute, layout=use_layout, camera=camera,
+                    model_sha256={k: sha256_file(m.path) for k, m in models.items()})
+    recorded = next((s for s in load_table(table_path)["sets"] if s["match"] == key), None)
+    if recorded is None and new:
+      cpu = precision_mod.cpu_info()
+      recorded = {"match": key, "beam": 1, "recorded_on": f"{cpu.model} ({cpu.cores} cores)", "size": size, "seed": seed,
+                  "entries": [], "start": "heuristic"}
+    if recorded is None:
+      raise UserError(f"no recorded set for {size} models, {camera[0]}x{camera[1]}, {compute}, {key['threads']} threads: "
+                      "record one first (python -m compile.cpu_search record), or start one with tune --new")
+    cpu_tune.tune(recorded, {k: m.path for k, m in models.items()}, camera, compute, use_layout, top, key["threads"], log, budget)
+  store(recorded, table_path)
+  return recorded
+
+
 def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
   """Add one recorded set to the table (replacing a set with the same match key); for the shipped table, also its sha256 here."""
   table = load_table(table_path)
@@ -170,13 +216,19 @@ def main() -> int:
 
   from selfdrive_glue.nv12 import parse_camera
   ap = argparse.ArgumentParser(description="record the shipped CPU kernel search for the reference models")
-  ap.add_argument("cmd", choices=("record",))
+  ap.add_argument("cmd", choices=("record", "tune"))
   ap.add_argument("--size", default="full")
   ap.add_argument("--camera", default="1928x1208")
   ap.add_argument("--beam", type=int, default=1)
   ap.add_argument("--precision", default="fp32")
   ap.add_argument("--layout", default="auto")
+  ap.add_argument("--top", type=int, default=12, help="tune: how many of the step's slowest kernels to re-search")
+  ap.add_argument("--new", action="store_true", help="tune: with no recorded set, start one from tinygrad's heuristic opts")
   a = ap.parse_args()
+  if a.cmd == "tune":
+    r = tune(a.size, parse_camera(a.camera), a.precision, a.layout, a.top, new=a.new)
+    print(f"{tuned_count(r)} kernels of the set differ from its search ({a.top} re-searched this pass) in {TABLE}")
+    return 0
   r = record(a.size, parse_camera(a.camera), a.beam, a.precision, a.layout)
   print(f"recorded {len(r['entries'])} kernels into {TABLE}")
   return 0

@@ -130,6 +130,11 @@ def _program_class():
   return ThreadedCPUProgram
 
 
+def mode() -> str:
+  """How split kernels' parts run in this process (MODELD_CPU_PARTS): parallel, serial or auto."""
+  return _MODE
+
+
 def count() -> int:
   """How many parts tinygrad splits a big CPU kernel into here (its NUM_CPU_THREADS: the cores, unless set)."""
   from tinygrad.helpers import NUM_CPU_THREADS

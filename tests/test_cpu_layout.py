@@ -110,7 +110,7 @@ def test_artifact_records_layout_and_search(cpu_artifact_1928):
   assert lay["on"] is True and lay["dense_conv_materialised"] is True
   assert lay["vision_weights_transposed"] > 0 and lay["policy_weights_transposed"] > 0
   # the tiny models have no shipped search: the heuristic opts, said so
-  assert meta["search"] == {"used": False, "why": meta["search"]["why"], "beam": None, "kernels": 0}
+  assert meta["search"] == {"used": False, "why": meta["search"]["why"], "beam": None, "kernels": 0, "tuned": 0}
   assert "no shipped search" in meta["search"]["why"]
   log = (cpu_artifact_1928.parent / "compile.log").read_text()
   assert any(line.startswith("precision") and " ok " in line and "cpu layout on" in line and "no shipped search" in line

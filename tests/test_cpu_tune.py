@@ -1,0 +1,102 @@
+"""The tuner (compile/cpu_tune.py): its candidates are opts tinygrad accepts, a set it starts covers every kernel a compile
+lowers (so the compile replays it without searching), and what it keeps is an artifact that passes the compile's checks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from compile import cpu_search
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _child(code: str, tmp_path: Path) -> dict:
+  # own search cache file: what the tuner and the compile install stays out of the machine's tinygrad cache
+  r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=REPO, timeout=600,
+                     env={**os.environ, "CACHEDB": str(tmp_path / "cache.db")})
+  assert r.returncode == 0, r.stderr[-4000:]
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_candidates_are_legal_tiles_split_over_the_threads(tmp_path):
+  out = _child("""
+    import json
+    from tinygrad import Device, Tensor
+    from tinygrad.codegen.opt.postrange import Scheduler, args_from_ast
+    from compile import cpu_tune
+    a, b = Tensor.empty(256, 192, device="CPU"), Tensor.empty(192, 512, device="CPU")
+    calls = [c for c in (a @ b).schedule_linear().src if c.src[0].op.name == "SINK"]
+    ast = calls[0].src[0]
+    s = Scheduler(ast, Device["CPU"].renderer); s.convert_loop_to_global()
+    bufs, _ = args_from_ast(ast, "CPU")
+    k = cpu_tune.Kernel(s.ast.key.hex(), "matmul", s, bufs, ())
+    res = {}
+    for threads in (1, 2):
+      tiles = cpu_tune.tiles(k, threads)
+      refined = cpu_tune.refinements(k, tiles[0], threads)
+      res[threads] = [[(o.op.name, o.axis, o.arg) for o in c] for c in tiles + refined]
+      res[f"unique{threads}"] = len(set(tiles)) == len(tiles) and len(set(refined)) == len(refined) and tiles[0] in refined
+      res[f"legal{threads}"] = all(cpu_tune._legal(k, c) for c in tiles + refined)
+    res["refused"] = cpu_tune.time_opts(k, tiles[0] + tiles[0], 1)   # the same upcasts twice: tinygrad refuses, inf
+    res["timed"] = cpu_tune.time_opts(k, tiles[0], 2)
+    print(json.dumps(res))
+  """, tmp_path)
+  assert out["legal1"] and out["legal2"] and out["refused"] == float("inf") and 0 < out["timed"] < float("inf")
+  for threads in ("1", "2"):
+    cands = out[threads]
+    assert len(cands) > 5 and out[f"unique{threads}"]
+    for c in cands:
+      ups = [arg for op, _, arg in c if op == "UPCAST"]
+      tile = 1
+      for u in ups:
+        tile *= u
+      assert ups and tile <= 64
+      assert [op for op, _, _ in c if op == "THREAD"] == (["THREAD"] if threads == "2" else [])
+      assert c[-1][0] == "THREAD" or threads == "1"   # the split comes last: it divides what the tile leaves
+    assert any(op == "UNROLL" for c in cands for op, _, _ in c)
+
+
+@pytest.mark.slow
+def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
+  """tune --new on the tiny models: one entry per kernel the compile lowers, the slowest two re-searched; then a compile
+  with that table replays it (any search would time kernels: here that raises) and passes its numerics checks."""
+  out = _child(f"""
+    import json
+    from pathlib import Path
+    from compile import cpu_search
+    table = Path({str(tmp_path / "table.json")!r})
+    s = cpu_search.tune("tiny", (1928, 1208), "fp32", "auto", 2, table_path=table, new=True, budget=4, log=lambda *_: None)
+
+    import tinygrad.codegen.opt.search as search
+    def no_search(*a, **k):
+      raise AssertionError("the compile searched a kernel the set does not have")
+    search._time_program = no_search
+    cpu_search.load_table = lambda path=None: json.loads(table.read_text())
+    from compile.build import compile_artifact
+    from compile.refmodels import write_models
+    m = write_models(Path({str(tmp_path / "models")!r}), "tiny", 0)
+    compile_artifact(m["vision"].path, m["policy"].path, (1928, 1208), "CPU", Path({str(tmp_path / "art")!r}), log=lambda *_: None)
+    meta = json.loads((Path({str(tmp_path / "art")!r}) / "metadata.json").read_text())
+    print(json.dumps({{"set": s, "search": meta["search"], "stored": json.loads(table.read_text())}}))
+  """, tmp_path)
+  s, stored = out["set"], out["stored"]
+  assert stored["sets"] == [s] and s["start"] == "heuristic" and s["match"]["models"]
+  keys = [e["ast"] for e in s["entries"]]
+  assert len(keys) == len(set(keys)) > 10
+  tuned = s["tuned"]["kernels"]
+  assert len(tuned) == 2 and all(k["ast"] in keys and k["ms_before"] > 0 for k in tuned)
+  entries = {e["ast"]: e["opts"] for e in s["entries"]}
+  for k in tuned:   # changed only with a margin over the starting opts, measured in the same rounds
+    assert (entries[k["ast"]] != k["recorded_opts"]) == (k["ms_after"] is not None)
+    assert k["ms_after"] is None or k["ms_after"] < k["ms_before"] * (1 - s["tuned"]["margin"])
+  assert out["search"]["used"] and out["search"]["kernels"] == len(keys) and out["search"]["tuned"] == sum(k["ms_after"] is not None for k in tuned)
+  # the A/B switch gives back the opts the set started with
+  plain = cpu_search.untuned(s)
+  assert {e["ast"]: e["opts"] for e in plain["entries"]} == {**entries, **{k["ast"]: k["recorded_opts"] for k in tuned}}
+  assert cpu_search.tuned_count(plain) == 0
