@@ -1,14 +1,16 @@
-"""Soak: N frames at 20 Hz through real processes (the demo's camera server, modeld, a listener here), sampling modeld's
+"""Soak: N frames at 20 Hz (level B: slower, see below) through real processes (the demo's camera server, modeld, a listener here), sampling modeld's
 resources from /proc, and printing start/end/slope per resource.
 
   .venv/bin/python bench/soak.py --config cpu --frames 2000
   .venv/bin/python bench/soak.py --config emu-a --artifact QCOM_ARTIFACT_DIR --frames 2000
-  .venv/bin/python bench/soak.py --config emu-b --artifact QCOM_ARTIFACT_DIR --frames 100000 --seconds 900   # level B: what fits
+  .venv/bin/python bench/soak.py --config emu-b --artifact QCOM_ARTIFACT_DIR --frames 2000 --seconds 1200   # level B, 1 Hz
 
 QCOM_ARTIFACT_DIR: `modeld-msm compile --vision V --policy P --camera 1928x1208 --device QCOM -o DIR` (captured on the emulated
-node, any Linux box). emu-a runs it at level A (submissions only, nothing computed), emu-b at level B (the IR3 code executed),
-which does not keep 20 Hz: modeld drops the frames that arrive while it steps, so the table reports frames offered (camera
-frame ids spanned), published and the drop ratio. --seconds bounds a run by time as well as by --frames.
+node, any Linux box). emu-a runs it at level A (submissions only, nothing computed), emu-b at level B (the IR3 code executed).
+Level B steps the tiny model in ~0.6 s, and modeld, like openpilot's, only prepares (warps) a frame that follows a dropped
+one: fed at 20 Hz it would drop a frame during every step and never evaluate the model again. So emu-b offers a frame every
+--period-ms (default 1000 for emu-b, 50 otherwise; the scene still advances 50 ms per frame id). The table reports frames
+offered (camera frame ids spanned), published and the drop ratio. --seconds bounds a run by time as well as by --frames.
 
 Sampled for modeld: VmRSS, private memory (Private_Clean + Private_Dirty of /proc/PID/smaps_rollup) and its anonymous part,
 open fds, threads; for the run: /dev/shm entries under the run's OPENPILOT_PREFIX and in all of /dev/shm. On EMU, modeld
@@ -172,7 +174,8 @@ def modeld_child(argv: list[str], stats_file: str) -> int:
   return modeld.main()
 
 
-def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: Path | None, seconds_max: float | None = None) -> dict:
+def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: Path | None, seconds_max: float | None = None,
+        period_ms: float | None = None) -> dict:
   prefix = f"soak{uuid.uuid4().hex[:6]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   from modeld_msm.demo import cached_artifact
@@ -202,9 +205,10 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
   t_start = time.monotonic()
   try:
     # the camera starts once modeld has loaded, so the soak's frames are all offered to a running modeld
-    seconds = frames / 20 if seconds_max is None else min(frames / 20, seconds_max)
-    camera = subprocess.Popen([sys.executable, "-m", "modeld_msm.demo_camera", "--camera", "1928x1208", "--seconds", str(seconds + 180)],
-                              env=env, stdout=clog, stderr=subprocess.STDOUT, cwd=REPO)
+    period_ms = period_ms or (1000.0 if config == "emu-b" else 50.0)
+    seconds = frames * period_ms / 1000 if seconds_max is None else min(frames * period_ms / 1000, seconds_max)
+    camera = subprocess.Popen([sys.executable, "-m", "modeld_msm.demo_camera", "--camera", "1928x1208", "--seconds", str(seconds + 180),
+                               "--period-ms", str(period_ms)], env=env, stdout=clog, stderr=subprocess.STDOUT, cwd=REPO)
     first = None
     next_sample = 0.0
     deadline = time.monotonic() + 600 + seconds * 2
@@ -281,6 +285,7 @@ def main() -> int:
   ap.add_argument("--artifact", type=Path, help="QCOM artifact for emu-a/emu-b (CPU: the demo's cached tiny artifact)")
   ap.add_argument("--sample-s", type=float, default=2.0)
   ap.add_argument("--seconds", type=float, help="stop after this many seconds of publishing too (level B does not keep 20 Hz)")
+  ap.add_argument("--period-ms", type=float, help="wall time between camera frames (default: 1000 for emu-b, else 50)")
   ap.add_argument("--json", type=Path, help="write the samples here")
   ap.add_argument("--trim-s", type=float, default=0, help="modeld returns the C heap's free memory to the kernel every n s (malloc_trim): "
                   "run once with and once without to tell memory the allocator keeps from memory something holds")
@@ -293,7 +298,7 @@ def main() -> int:
     os.environ["SOAK_GARBAGE"] = "1"
   results = []
   for c in args.config or ["cpu"]:
-    r = run(c, args.frames, args.artifact if c != "cpu" else None, args.sample_s, None, args.seconds)
+    r = run(c, args.frames, args.artifact if c != "cpu" else None, args.sample_s, None, args.seconds, args.period_ms)
     results.append(r)
     print(table(r), flush=True)
   if args.json:

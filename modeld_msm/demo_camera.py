@@ -27,7 +27,9 @@ def scene_time(frame_id: int) -> float:
   return (frame_id - 1) * FRAME_NS / 1e9
 
 
-def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict:
+def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_ns: int = FRAME_NS) -> dict:
+  """period_ns: wall time between frames. The scene still advances FRAME_NS per frame id (slow motion when longer): a
+  consumer slower than 20 Hz (the emulator executing the a630's code) sees every frame, as modeld would on the car."""
   w, h = parse_camera(camera)
   info = nv12_info(w, h)
   scene = RoadScene(seed, camera)
@@ -52,18 +54,18 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad") -> dict
 
   dev_fill = S.fill_device_state(device, time.monotonic_ns())
   delay_fill = S.fill_live_delay(LATERAL_DELAY)
-  n_frames = int(seconds * 20) if seconds > 0 else 1 << 62
-  start = time.monotonic_ns() + FRAME_NS
+  n_frames = int(seconds * 1e9 / period_ns) if seconds > 0 else 1 << 62
+  start = time.monotonic_ns() + period_ns
   late = 0
   sent = 0
   for i in range(n_frames):
     if stop:
       break
-    deadline = start + i * FRAME_NS
+    deadline = start + i * period_ns
     now = time.monotonic_ns()
     if now < deadline:
       time.sleep((deadline - now) / 1e9)
-    elif now - deadline > FRAME_NS:
+    elif now - deadline > period_ns:
       late += 1
     t = scene_time(i + 1)  # the listener reads the truth of this picture back from the frameId it is sent with
     # render straight into the shared buffers (zero-copy), like camerad's ISP output
@@ -96,10 +98,13 @@ def main() -> int:
   p = argparse.ArgumentParser(prog="demo_camera")
   p.add_argument("--camera", default="1928x1208")
   p.add_argument("--seconds", type=float, default=0)
+  p.add_argument("--period-ms", type=float, default=FRAME_NS / 1e6, help="wall time between frames (default 50: 20 Hz)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--stats", help="write a JSON summary here on exit")
   a = p.parse_args()
-  stats = run(a.camera, a.seconds, a.seed)
+  if a.period_ms <= 0:
+    p.error("--period-ms must be > 0")
+  stats = run(a.camera, a.seconds, a.seed, period_ns=int(a.period_ms * 1e6))
   if a.stats:
     tmp = a.stats + ".tmp"
     with open(tmp, "w") as f:
