@@ -13,6 +13,7 @@ The table is JSON (op names and integers), not pickles: it is reviewed data, and
 The recorded set is recorded in the artifact's manifest ("search").
 
   .venv/bin/python -m compile.cpu_search record --size full --beam 1   # minutes to an hour; appends/replaces one set
+  .venv/bin/python -m compile.cpu_search tune --size full --top 12     # then a steadier look at the slowest kernels (cpu_tune.py)
 """
 from __future__ import annotations
 
