@@ -105,13 +105,22 @@ def untuned(recorded: dict[str, Any]) -> dict[str, Any]:
   return {**recorded, "entries": [{**e, "opts": orig.get(e["ast"], e["opts"])} for e in recorded["entries"]], "tuned": {}}
 
 
+def search_key(ast: bytes, amt: int, allow_test_size: bool, device: str, suffix: str) -> dict[str, Any]:
+  """The key tinygrad's beam search reads and writes its cache under (codegen/opt/search.py, beam_search)."""
+  return {"ast": ast, "amt": amt, "allow_test_size": allow_test_size, "device": device, "suffix": suffix}
+
+
+def opts_json(opts) -> list[list[Any]]:
+  """tinygrad Opts as a table entry stores them: [op name, axis, arg] (a tuple arg as a list)."""
+  return [[o.op.name, o.axis, list(o.arg) if isinstance(o.arg, tuple) else o.arg] for o in opts]
+
+
 def install(recorded: dict[str, Any]) -> int:
   """Put a recorded set into tinygrad's search cache, keyed exactly as its beam search looks kernels up."""
   from tinygrad.codegen.opt import Opt, OptOps
   from tinygrad.helpers import diskcache_put
   for e in recorded["entries"]:
-    key = {"ast": bytes.fromhex(e["ast"]), "amt": recorded["beam"], "allow_test_size": e["allow_test_size"], "device": e["device"],
-           "suffix": e["suffix"]}
+    key = search_key(bytes.fromhex(e["ast"]), recorded["beam"], e["allow_test_size"], e["device"], e["suffix"])
     diskcache_put("beam_search", key, [Opt(OptOps[op], axis, tuple(arg) if isinstance(arg, list) else arg) for op, axis, arg in e["opts"]])
   return len(recorded["entries"])
 
@@ -130,8 +139,7 @@ def export(db: Path, beam: int) -> list[dict[str, Any]]:
   out = []
   for ast, _amt, ats, device, suffix, val in rows:
     opts = pickle.loads(val)   # our own recording run's cache file, written moments before by tinygrad
-    out.append({"ast": ast.hex(), "allow_test_size": bool(ats), "device": device, "suffix": suffix,
-                "opts": [[o.op.name, o.axis, list(o.arg) if isinstance(o.arg, tuple) else o.arg] for o in opts]})
+    out.append({"ast": ast.hex(), "allow_test_size": bool(ats), "device": device, "suffix": suffix, "opts": opts_json(opts)})
   return sorted(out, key=lambda e: e["ast"])
 
 
@@ -199,17 +207,24 @@ def tune(size: str, camera: tuple[int, int], precision: str, layout: str, top: i
 
 
 def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
-  """Add one recorded set to the table (replacing a set with the same match key); for the shipped table, also its sha256 here."""
+  """Add one recorded set to the table (replacing a set with the same match key); for the shipped table, also its sha256 here
+  (in this file, and in this process: a second store in the same run reads the table back against it)."""
+  global TABLE_SHA256
+  from selfdrive_glue.files import write_atomic
   table = load_table(table_path)
   table["sets"] = [s for s in table["sets"] if s["match"] != recorded["match"]] + [recorded]
   data = (json.dumps(table, indent=1, sort_keys=True) + "\n").encode()
-  table_path.write_bytes(data)
   if table_path == TABLE:
     src = Path(__file__)
-    text, n = re.subn(r'^TABLE_SHA256: str \| None = .*$', f'TABLE_SHA256: str | None = "{hashlib.sha256(data).hexdigest()}"',
-                      src.read_text(), count=1, flags=re.M)
-    assert n == 1, "TABLE_SHA256 line not found"
-    src.write_text(text)
+    sha = hashlib.sha256(data).hexdigest()
+    text, n = re.subn(r'^TABLE_SHA256: str \| None = .*$', f'TABLE_SHA256: str | None = "{sha}"', src.read_text(), count=1, flags=re.M)
+    if n != 1:
+      raise RuntimeError(f"TABLE_SHA256 line not found in {src}")
+    write_atomic(table_path, data)
+    write_atomic(src, text)
+    TABLE_SHA256 = sha
+  else:
+    write_atomic(table_path, data)
 
 
 def main() -> int:
@@ -236,4 +251,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  import sys
+  try:
+    raise SystemExit(main())
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(e.exit_code) from None

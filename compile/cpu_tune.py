@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compile.cpu_search import opts_json, search_key
 from selfdrive_glue.errors import UserError
 
 # a candidate must beat the recorded opts' median by this much: below it, the pick would follow the noise
@@ -57,13 +58,13 @@ def _observing_searches(seen: dict[str, Kernel], entries: list[dict[str, Any]] |
   orig = search.beam_search
 
   def observe(s, rawbufs, var_vals, amt, allow_test_size=True, *a, **kw):
-    cache_key = {"ast": s.ast.key, "amt": amt, "allow_test_size": allow_test_size, "device": s.ren.target.device, "suffix": s.ren.suffix}
-    if entries is not None and diskcache_get("beam_search", cache_key) is None:
+    device, suffix = s.ren.target.device, s.ren.suffix
+    if entries is not None and diskcache_get("beam_search", search_key(s.ast.key, amt, allow_test_size, device, suffix)) is None:
       # as tinygrad's apply_opts without BEAM: its heuristic does not handle multi-block (STAGE) kernels, which keep no opts
       ret = s.copy() if any(u.op is Ops.STAGE for u in s.ast.backward_slice) else hand_coded_optimizations(s.copy())
       if s.ast.key.hex() not in seen:
-        entries.append({"ast": s.ast.key.hex(), "allow_test_size": bool(allow_test_size), "device": cache_key["device"],
-                        "suffix": cache_key["suffix"], "opts": _opts_json(ret.applied_opts)})
+        entries.append({"ast": s.ast.key.hex(), "allow_test_size": bool(allow_test_size), "device": device, "suffix": suffix,
+                        "opts": opts_json(ret.applied_opts)})
     else:
       ret = orig(s, rawbufs, var_vals, amt, allow_test_size, *a, **kw)
     if not var_vals and (key := s.ast.key.hex()) not in seen:   # symbolic kernels (none here) would need their variables
@@ -74,10 +75,6 @@ def _observing_searches(seen: dict[str, Kernel], entries: list[dict[str, Any]] |
     yield
   finally:
     search.beam_search = orig
-
-
-def _opts_json(opts) -> list[list[Any]]:
-  return [[o.op.name, o.axis, list(o.arg) if isinstance(o.arg, tuple) else o.arg] for o in opts]
 
 
 def _plain_name(s) -> str:
@@ -241,13 +238,13 @@ def tune(recorded: dict[str, Any], models: dict[str, Path], camera: tuple[int, i
     bar.set_postfix_str(k.name)
     tune_kernel(k, threads, budget=budget)
     if k.tuned is not None:
-      by_key[k.key]["opts"] = _opts_json(k.tuned)
+      by_key[k.key]["opts"] = opts_json(k.tuned)
     log(f"[tune] {k.name}: recorded {k.ms:.3f} ms -> "
         + (f"{k.tuned_ms:.3f} ms ({_fmt(k.tuned)})" if k.tuned else "kept") + f"; {k.tried} candidates in {k.seconds:.0f} s")
   # per kernel ever tuned: the search's own opts (kept from the first pass, for MODELD_CPU_SEARCH=untuned) and this pass's times
   prev = {t["ast"]: t for t in recorded.get("tuned", {}).get("kernels", [])}
   for k in chosen:
-    t = prev.setdefault(k.key, {"ast": k.key, "name": k.name, "recorded_opts": _opts_json(k.recorded)})
+    t = prev.setdefault(k.key, {"ast": k.key, "name": k.name, "recorded_opts": opts_json(k.recorded)})
     t.update(ms_before=round(k.ms, 4), ms_after=round(k.tuned_ms, 4) if k.tuned else None)
   recorded["tuned"] = {"top": top, "margin": MARGIN, "kernels": sorted(prev.values(), key=lambda t: t["ast"])}
   return chosen

@@ -175,9 +175,10 @@ def test_a_hand_edited_table_is_refused(tmp_path, monkeypatch):
   src = tmp_path / "cpu_search.py"
   src.write_text('TABLE_SHA256: str | None = None\n')
   monkeypatch.setattr(cpu_search, "__file__", str(src))
+  monkeypatch.setattr(cpu_search, "TABLE_SHA256", None)   # store sets it in this process too: restored after the test
   cpu_search.store(recorded, table)
   sha = src.read_text().split('"')[1]
-  monkeypatch.setattr(cpu_search, "TABLE_SHA256", sha)
+  assert cpu_search.TABLE_SHA256 == sha
   assert cpu_search.load_table(table)["sets"] == [json.loads(json.dumps(recorded))]
   table.write_text(table.read_text().replace('"beam": 1', '"beam": 2'))
   with pytest.raises(UserError, match="does not match the sha256"):
