@@ -122,4 +122,5 @@ def test_serve_stops_with_0_under_publisher_spam(cpu_artifact_1928):
   finally:
     srv.close()
   assert codes == [0, 0, 0], (codes, [o[-2000:] for o in outs])
-  assert all("Traceback" not in o for o in outs), outs
+  # the traceback itself, not pytest's elided repr of three logs (a CI run saw one here with every exit status 0)
+  assert all("Traceback" not in o for o in outs), [o[max(0, o.find("Traceback") - 300):] for o in outs if "Traceback" in o]
