@@ -107,9 +107,15 @@ def prepare_signals() -> None:
 def _ignore_at_exit() -> None:
   """Python puts every signal it caught back to SIG_DFL while it finalizes, after the atexit hooks: a publisher that still
   lists this process as a reader would then kill it with its next tkill (exit status 140, or -12 to a parent), so a clean
-  stop would look like a crash. SIG_IGN is the one disposition finalization leaves alone, and nothing is exec'd after this."""
+  stop would look like a crash. SIG_IGN is the one disposition finalization leaves alone, and nothing is exec'd after this.
+  A wake-up caught just before the switch would find SIG_IGN when Python gets to run its handler, and CPython reports that
+  as "Signal 12 ignored due to race condition" on stderr: so the signal is blocked first (pthread_sigmask runs the handlers
+  of what was already caught), ignored (which drops what is pending), then unblocked."""
   if threading.current_thread() is threading.main_thread():
+    usr2 = {signal.SIGUSR2}
+    signal.pthread_sigmask(signal.SIG_BLOCK, usr2)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, usr2)
 
 
 prepare_signals()

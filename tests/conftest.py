@@ -215,12 +215,17 @@ class ModeldHarness:
     """(modelV2, cameraOdometry) readers of the next output, or (None, None) after timeout seconds."""
     import time
     end = time.monotonic() + timeout
+    model = None
     while time.monotonic() < end:
       self.sm.update(100)
       if self.sm.updated["modelV2"]:
-        return self.sm["modelV2"], self.sm["cameraOdometry"]
+        model = self.sm["modelV2"]
+      # modeld sends modelV2 before cameraOdometry: a reader polling on modelV2 can wake between the two sends, so it
+      # waits for the same frame's cameraOdometry (a pairing bug in modeld still shows: the ids then never meet)
+      if model is not None and (self.sm["cameraOdometry"].frameId == model.frameId or time.monotonic() > end - 0.05):
+        return model, self.sm["cameraOdometry"]
       assert self.proc.poll() is None, stop_process(self.proc)
-    return None, None
+    return model, (self.sm["cameraOdometry"] if model is not None else None)
 
   def start(self, n: int = 1, tries: int = 200):
     """Calibrate and send frame n until modeld is up and answers (the first frames may reach nobody while it loads)."""
