@@ -1,10 +1,13 @@
-"""Compute precision per target: the car computes in fp16 like the models; a CPU computes in fp32 unless it has native fp16;
-a workstation GPU computes in fp16 (native) unless fp32 is asked for.
+"""Compute precision per target: the car computes in fp16 like the models; a CPU computes in fp32; a workstation GPU computes
+in fp16 (native) unless fp32 is asked for.
 
-openpilot's models are fp16 inside. On a CPU without fp16 arithmetic (x86 before AVX512-FP16, Arm without FEAT_FP16) the
-clang tinygrad drives turns each fp16 op into convert-compute-convert, scalar: 3-4x slower than the same graph in fp32,
-which vectorises. So for those CPUs the compile step rewrites the graph to fp32 (weights widened exactly, fp16 casts turned
-into fp32 ones); the numerics check against onnxruntime still runs on the original fp16 model, with the same tolerance.
+openpilot's models are fp16 inside. tinygrad's C renderer stores fp16 as clang's `__fp16`, a storage-only type: clang
+computes every `__fp16` op in fp32 with a conversion on each side (vcvtph2ps/vcvtps2ph), and its sums accumulate in fp32
+anyway. So even a CPU with native fp16 arithmetic (x86 AVX512-FP16, Arm FEAT_FP16) runs the fp16 graph slower than the same
+graph in fp32, which vectorises: measured 3-4x on an AMD EPYC without it, 1.2x on a Xeon with AVX512-FP16 (README). The
+compile step therefore rewrites the graph to fp32 for every CPU (weights widened exactly, fp16 casts turned into fp32 ones);
+the numerics check against onnxruntime still runs on the original fp16 model, with the same tolerance. The CPU's fp16
+support is still detected and recorded, so the choice can be revisited if tinygrad's renderer changes (a test watches it).
 """
 from __future__ import annotations
 
@@ -15,10 +18,11 @@ from pathlib import Path
 from selfdrive_glue.errors import UserError
 
 PRECISIONS = ("auto", "fp16", "fp32")
-# /proc/cpuinfo flags that mean the CPU computes fp16 natively (x86: AVX512-FP16; arm64: FEAT_FP16 as asimdhp/fphp)
-NATIVE_FP16_FLAGS = {"avx512fp16", "asimdhp", "fphp"}
+# /proc/cpuinfo flags that mean the CPU computes fp16 natively (x86: AVX512-FP16, which Linux spells avx512_fp16; arm64:
+# FEAT_FP16 as asimdhp/fphp)
+NATIVE_FP16_FLAGS = {"avx512_fp16", "asimdhp", "fphp"}
 # shown beside benchmarks: what decides the speed of the CPU artifact
-REPORTED_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512fp16", "amx_fp16", "neon", "asimd", "asimdhp", "fphp")
+REPORTED_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_fp16", "neon", "asimd", "asimdhp", "fphp")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ def choose(device: str, requested: str, cpu: CpuInfo | None = None) -> tuple[str
   if requested != "auto":
     return requested, f"requested (this CPU has {'native' if cpu.native_fp16 else 'no native'} fp16)"
   if cpu.native_fp16:
-    return "fp16", f"{cpu.model} has native fp16 ({' '.join(sorted(cpu.flags & NATIVE_FP16_FLAGS))})"
+    return "fp32", (f"{cpu.model} has native fp16 ({' '.join(sorted(cpu.flags & NATIVE_FP16_FLAGS))}), but tinygrad's C "
+                    "renderer computes fp16 as __fp16, converting around every op: fp32 is faster")
   return "fp32", f"{cpu.model} has no native fp16 (no {'/'.join(sorted(NATIVE_FP16_FLAGS))}): fp16 ops would be emulated"
 
 

@@ -12,7 +12,10 @@ from compile.precision import choose, cpu_info, widen_to_fp32
 from selfdrive_glue.errors import UserError
 
 EPYC = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx f16c fma avx2 avx512f avx512_bf16\n"
-SAPPHIRE = "processor\t: 0\nmodel name\t: Intel Xeon Platinum 8480+\nflags\t\t: avx avx2 f16c avx512f avx512fp16 amx_fp16\n"
+# the SIMD flags of /proc/cpuinfo on the H200 host (a Sapphire Rapids-class Xeon): Linux spells AVX512-FP16 avx512_fp16
+SAPPHIRE = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fma sse4_1 sse4_2 avx f16c avx2 "
+            "avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512vbmi avx512_vbmi2 avx512_vnni "
+            "avx512_bitalg avx512_vpopcntdq amx_bf16 avx512_fp16 amx_tile amx_int8\n")
 ARM = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp\nCPU part\t: 0xd0c\n"
 ARM_OLD = "processor\t: 0\nFeatures\t: fp asimd evtstrm crc32\n"
 
@@ -33,7 +36,8 @@ def test_cpu_model_and_flags_are_read():
 def test_choice_per_target():
   no16, has16 = cpu_info(EPYC), cpu_info(SAPPHIRE)
   assert choose("CPU", "auto", no16)[0] == "fp32" and "no native fp16" in choose("CPU", "auto", no16)[1]
-  assert choose("CPU", "auto", has16)[0] == "fp16"
+  # native fp16 or not, a CPU computes in fp32: tinygrad renders fp16 as __fp16 (see the renderer test below)
+  assert choose("CPU", "auto", has16)[0] == "fp32" and "__fp16" in choose("CPU", "auto", has16)[1]
   assert choose("CPU:LLVM", "auto", no16)[0] == "fp32"
   assert choose("CPU", "fp16", no16)[0] == "fp16"  # asked for: honoured
   assert choose("QCOM", "auto", no16)[0] == "fp16"  # the car computes like the models
@@ -42,6 +46,14 @@ def test_choice_per_target():
     choose("QCOM", "fp32", no16)
   with pytest.raises(UserError, match="unknown precision"):
     choose("CPU", "bf16", no16)
+
+
+def test_tinygrad_renders_fp16_as_storage_only():
+  """Why auto picks fp32 even where the CPU has native fp16: clang computes __fp16 in fp32, converting around each op.
+  If tinygrad ever renders fp16 as _Float16 (native arithmetic), this fails and the choice must be measured again."""
+  from tinygrad import dtypes
+  from tinygrad.renderer.cstyle import ClangRenderer
+  assert ClangRenderer.type_map[dtypes.half] == "__fp16"
 
 
 def _elem_types(m: onnx.ModelProto) -> set[int]:
