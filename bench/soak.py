@@ -211,11 +211,14 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
                                "--period-ms", str(period_ms)], env=env, stdout=clog, stderr=subprocess.STDOUT, cwd=REPO)
     first = None
     next_sample = 0.0
+    from tqdm import tqdm
+    bar = tqdm(total=frames, unit="frame", desc=f"soak {config}", file=sys.stderr, mininterval=10, smoothing=0.05)
     deadline = time.monotonic() + 600 + seconds * 2
     while got < frames and time.monotonic() < deadline and (seconds_max is None or first is None or time.monotonic() - first < seconds_max):
       sm.update(100)
       if sm.updated["modelV2"]:
         got += 1
+        bar.update(1)
         fids[1:] = [int(sm["modelV2"].frameId)]
         if first is None:
           first = time.monotonic()
@@ -230,7 +233,9 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
         except (OSError, ValueError):
           pass
         samples.append(s)
+        bar.set_postfix(anon_mb=f"{s.get('anon_kb', 0) / 1024:.1f}", fds=s.get("fds"), refresh=False)
         next_sample = time.monotonic() + sample_s
+    bar.close()
   finally:
     if camera is not None:
       camera.terminate()
