@@ -14,7 +14,7 @@ def add_arguments(p) -> None:
                                                  "or a workstation GPU for replay: CUDA, NV, AMD")
   p.add_argument("-o", "--out", required=True, help="artifact directory to write (replaced atomically)")
   p.add_argument("--precision", choices=("auto", "fp16", "fp32"), default="auto",
-                 help="compute precision of a CPU artifact (default auto: fp32 unless this CPU has native fp16; QCOM is always fp16)")
+                 help="compute precision (default auto: fp32 on a CPU, native fp16 or not; fp16 on QCOM, always, and on GPUs)")
   p.add_argument("--layout", choices=("auto", "on", "off"), default=None,
                  help="CPU layout (transposed constant weights, dense convolutions materialised); default auto = on for CPU targets, "
                       "or $MODELD_CPU_LAYOUT")
