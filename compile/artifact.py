@@ -253,13 +253,18 @@ def _why(e: BaseException) -> str:
 
 
 def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:
-  """Unpickle the (policy, warp) TinyJits of an already verified artifact, admitting only the classes a JIT needs."""
+  """Unpickle the (policy, warp) TinyJits of an already verified artifact, admitting only the classes a JIT needs; on a
+  CPU each is replayed by compile/cpu_replay.py."""
   from compile.jit_pickle import PickleRefused, unpickle_programs
   activate_target(art)
   try:
-    return unpickle_programs(_read_checked(art, POLICY_PKL), _read_checked(art, WARP_PKL), names=(POLICY_PKL, WARP_PKL))
+    jits = unpickle_programs(_read_checked(art, POLICY_PKL), _read_checked(art, WARP_PKL), names=(POLICY_PKL, WARP_PKL))
   except PickleRefused as e:
     raise ArtifactError(f"artifact {art.path} refused: {e}; {REBUILD_HINT}") from None
+  from tinygrad import Device
+
+  from compile import cpu_replay
+  return cpu_replay.wrap(jits[0], Device.DEFAULT), cpu_replay.wrap(jits[1], Device.DEFAULT)
 
 
 def _read_checked(art: VerifiedArtifact, name: str) -> bytes:

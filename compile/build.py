@@ -307,7 +307,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     "precision": {"compute": compute, "why": why, "cpu": precision_mod.cpu_info().summary() if device.startswith("CPU") else None},
     # compute-preserving rewrites the runners were built with (compile/cpu_layout.py); checked against onnxruntime like the rest
     "cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites,
-                   "dense_conv_materialised": use_layout},
+                   "dense_conv_materialised": use_layout, "elu_own_kernel": use_layout},
     # kernels were split into this many parts, run concurrently at load (compile/cpu_threads.py)
     "cpu_threads": threads,
     "search": {"used": searched is not None, "why": search_why, "beam": searched["beam"] if searched else None,

@@ -8,6 +8,11 @@ Measured on the full reference models (2-core AMD EPYC, fp32, bench/bench_compil
   * a dense spatial convolution (group 1, kernel larger than 1x1) is materialised by itself: left lazy, tinygrad fused
     both 12-channel stems, their Concat and the first normalisation into one kernel with two reductions (53 ms, against
     about 8 ms per stem alone).
+  * every Elu runs as a kernel of its own, its input and output materialised. tinygrad expands exp into a polynomial
+    of scalar C; fused into a convolution's epilogue it sits inside the register tile (upcast) code, which clang leaves
+    scalar, while a plain elementwise loop is vectorised by clang's loop vectoriser. The 96->288 pointwise convolution
+    at 32x64 with its Elu: 2.38 ms fused, 1.17 ms (97 GFLOP/s) + 0.31 ms apart; the Elu alone with a 16-wide upcast
+    takes 1.03 ms.
 The rewrites are exact (a transpose moves values; a realisation boundary changes no arithmetic) and the compile step's
 onnxruntime check runs the rewritten runner against the original model as before. The car's QCOM artifact never uses
 them: its layouts are openpilot's (IMAGE=2).
@@ -86,7 +91,8 @@ def transpose_weights(src: Path, dst: Path) -> int:
 
 
 def cpu_ops(base: dict[str, Any]) -> dict[str, Any]:
-  """tinygrad's ONNX op table with Conv materialising dense spatial convolutions (see the module docstring)."""
+  """tinygrad's ONNX op table with Conv materialising dense spatial convolutions and Elu in kernels of its own (see the
+  module docstring)."""
   conv = base["Conv"]
   if not isinstance(conv, types.FunctionType):
     raise UserError("internal error: tinygrad's ONNX Conv is not a plain function in this version; compile with --layout off")
@@ -96,7 +102,14 @@ def cpu_ops(base: dict[str, Any]) -> dict[str, Any]:
     # group 1 and a window larger than one pixel: a real convolution, whose reduction must not absorb its consumers
     return out.contiguous() if kw.get("group", 1) == 1 and math.prod(W.shape[2:]) > 1 else out
 
-  return {**base, "Conv": Conv}
+  elu = base["Elu"]
+
+  def Elu(X, alpha=1.0):
+    # materialised on both sides: left lazy, the input side fuses into the producer's epilogue and the output side into
+    # each consumer's loads (a 3x3 depthwise convolution would compute it once per tap)
+    return elu(X.contiguous(), alpha).contiguous()
+
+  return {**base, "Conv": Conv, "Elu": Elu}
 
 
 def apply(runner) -> Any:

@@ -30,7 +30,7 @@ TABLE = Path(__file__).with_name("cpu_search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (modeld_msm/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
-TABLE_SHA256: str | None = "7e024b3e7198787051cdf6e8bbcf7409d2cc63d4f7e71bc98f1ce5eaace164a7"
+TABLE_SHA256: str | None = "4216a53e77d70f1d67065e9ad8355de6b2b4d47ba3b56caf0f1f0980ac763023"
 SEARCHES = ("auto", "off", "untuned")
 FORMAT = 1
 
@@ -207,12 +207,14 @@ def tune(size: str, camera: tuple[int, int], precision: str, layout: str, top: i
 
 
 def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
-  """Add one recorded set to the table (replacing a set with the same match key); for the shipped table, also its sha256 here
-  (in this file, and in this process: a second store in the same run reads the table back against it)."""
+  """Add one recorded set to the table, replacing a set with the same match key and dropping sets recorded for other kernel
+  code (they can never match again); for the shipped table, also its sha256 here (in this file, and in this process: a
+  second store in the same run reads the table back against it)."""
   global TABLE_SHA256
   from selfdrive_glue.files import write_atomic
   table = load_table(table_path)
-  table["sets"] = [s for s in table["sets"] if s["match"] != recorded["match"]] + [recorded]
+  code = recorded["match"]["code"]
+  table["sets"] = [s for s in table["sets"] if s["match"] != recorded["match"] and s["match"]["code"] == code] + [recorded]
   data = (json.dumps(table, indent=1, sort_keys=True) + "\n").encode()
   if table_path == TABLE:
     src = Path(__file__)

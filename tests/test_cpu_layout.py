@@ -93,6 +93,23 @@ def test_conv_op_table_materialises_only_dense_spatial_convolutions():
   assert onnx_ops["Conv"] is not conv   # tinygrad's own table is untouched: only runners given the CPU table use it
 
 
+def test_elu_runs_as_a_kernel_of_its_own():
+  """A pointwise convolution followed by Elu: one kernel with tinygrad's table (the Elu fused into the convolution's
+  epilogue, where clang leaves it scalar), two with the CPU table (the convolution, then the Elu alone), same values."""
+  from tinygrad import GlobalCounters, Tensor
+  from tinygrad.nn.onnx import onnx_ops
+  x, w = Tensor.randn(1, 8, 16, 16).realize(), Tensor.randn(24, 8, 1, 1).realize()
+  outs, kernels = [], []
+  for ops in (onnx_ops, cpu_layout.cpu_ops(onnx_ops)):
+    y = ops["Elu"](ops["Conv"](x, w, None), alpha=1.0)
+    GlobalCounters.reset()
+    outs.append(y.numpy())
+    kernels.append(GlobalCounters.kernel_count)
+  assert kernels == [1, 2]
+  np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+  assert (outs[0] < 0).any() and (outs[0] > 0).any()   # both branches of Elu were taken
+
+
 def test_layout_choice_per_target():
   assert cpu_layout.choose("CPU", "auto")[0] and cpu_layout.choose("CPU:LLVM", "auto")[0]
   assert not cpu_layout.choose("CPU", "off")[0]
@@ -107,7 +124,7 @@ def test_layout_choice_per_target():
 def test_artifact_records_layout_and_search(cpu_artifact_1928):
   meta = json.loads((cpu_artifact_1928 / "metadata.json").read_text())
   lay = meta["cpu_layout"]
-  assert lay["on"] is True and lay["dense_conv_materialised"] is True
+  assert lay["on"] is True and lay["dense_conv_materialised"] is True and lay["elu_own_kernel"] is True
   assert lay["vision_weights_transposed"] > 0 and lay["policy_weights_transposed"] > 0
   # the tiny models have no shipped search: the heuristic opts, said so
   assert meta["search"] == {"used": False, "why": meta["search"]["why"], "beam": None, "kernels": 0, "tuned": 0}
@@ -183,3 +200,17 @@ def test_a_hand_edited_table_is_refused(tmp_path, monkeypatch):
   table.write_text(table.read_text().replace('"beam": 1', '"beam": 2'))
   with pytest.raises(UserError, match="does not match the sha256"):
     cpu_search.load_table(table)
+
+
+def test_store_replaces_its_own_set_and_drops_sets_of_other_kernel_code(tmp_path):
+  table = tmp_path / "table.json"
+  other_models = {"match": _key(model_sha256={"vision": "c", "policy": "d"}), "beam": 1, "recorded_on": "a", "entries": []}
+  old_code = {"match": {**_key(), "code": "0" * 16}, "beam": 1, "recorded_on": "b", "entries": []}
+  first = {"match": _key(), "beam": 1, "recorded_on": "c", "entries": []}
+  for s in (old_code, other_models):
+    cpu_search.store(s, table)
+  assert [s["recorded_on"] for s in cpu_search.load_table(table)["sets"]] == ["a"]   # old_code went when a newer code's set came
+  cpu_search.store(first, table)
+  assert [s["recorded_on"] for s in cpu_search.load_table(table)["sets"]] == ["a", "c"]
+  cpu_search.store({**first, "recorded_on": "d"}, table)
+  assert [s["recorded_on"] for s in cpu_search.load_table(table)["sets"]] == ["a", "d"]

@@ -100,3 +100,12 @@ def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
   plain = cpu_search.untuned(s)
   assert {e["ast"]: e["opts"] for e in plain["entries"]} == {**entries, **{k["ast"]: k["recorded_opts"] for k in tuned}}
   assert cpu_search.tuned_count(plain) == 0
+
+
+def test_eviction_buffer_is_twice_the_largest_cache(tmp_path):
+  from compile.cpu_tune import _cache_bytes
+  for i, size in enumerate(("32K", "1024K", "256M", "bogus")):
+    (tmp_path / f"index{i}").mkdir()
+    (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+  assert _cache_bytes(tmp_path) == 512 << 20
+  assert _cache_bytes(tmp_path / "absent") == 64 << 20   # no sysfs: still more than any cache a 2-core box has
