@@ -109,3 +109,31 @@ def test_eviction_buffer_is_twice_the_largest_cache(tmp_path):
     (tmp_path / f"index{i}" / "size").write_text(size + "\n")
   assert _cache_bytes(tmp_path) == 512 << 20
   assert _cache_bytes(tmp_path / "absent") == 64 << 20   # no sysfs: still more than any cache a 2-core box has
+
+
+def test_window_of_a_3x3_convolution_is_a_candidate_unrolled(tmp_path):
+  """A 3x3 convolution's window (two reduce axes of 3) is offered fully unrolled beside each tile, last axis first; the
+  channel reduction (12) is not; refinements of such a tile keep the window. A matmul gets no window."""
+  out = _child("""
+    import json
+    from tinygrad import Device, Tensor
+    from tinygrad.codegen.opt.postrange import Scheduler, args_from_ast
+    from compile import cpu_tune
+    def kernel(t):
+      ast = [c for c in t.schedule_linear().src if c.src[0].op.name == "SINK"][-1].src[0]
+      s = Scheduler(ast, Device["CPU"].renderer); s.convert_loop_to_global()
+      return cpu_tune.Kernel(s.ast.key.hex(), "k", s, args_from_ast(ast, "CPU")[0], ())
+    conv = kernel(Tensor.empty(1, 12, 32, 64, device="CPU").conv2d(Tensor.empty(24, 12, 3, 3, device="CPU"), stride=2, padding=1))
+    mm = kernel(Tensor.empty(64, 96, device="CPU") @ Tensor.empty(96, 128, device="CPU"))
+    tiles = cpu_tune.tiles(conv, 2)
+    windowed = [c for c in tiles if any(o.op.name == "UNROLL" for o in c)]
+    refined = cpu_tune.refinements(conv, windowed[0], 2)
+    fmt = lambda c: [(o.op.name, o.axis, o.arg) for o in c]
+    print(json.dumps({"window": fmt(cpu_tune._window(conv)), "mm_window": fmt(cpu_tune._window(mm)),
+                      "n": len(tiles), "windowed": len(windowed), "legal": all(cpu_tune._legal(conv, c) for c in tiles + refined),
+                      "refined_keep": all(fmt(cpu_tune._window(conv))[0] in fmt(c) for c in refined),
+                      "timed": cpu_tune.time_opts(conv, windowed[0], 1)}))
+  """, tmp_path)
+  assert out["window"] == [["UNROLL", 2, 0], ["UNROLL", 1, 0]] and out["mm_window"] == []
+  assert 0 < out["windowed"] < out["n"] and out["legal"] and out["refined_keep"]
+  assert 0 < out["timed"] < float("inf")
