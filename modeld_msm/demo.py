@@ -104,6 +104,12 @@ class Trace:
   valid: list[bool] = field(default_factory=list)
 
 
+def _tally(socks: dict, counts: dict[str, int]) -> None:
+  for s, sock in socks.items():
+    while sock.receive(non_blocking=True) is not None:
+      counts[s] += 1
+
+
 def _record(trace: Trace, m, t: float, valid: bool) -> None:
   from modeld_msm.constants import X_IDXS
   from modeld_msm.replay_accuracy import lane_lines_y
@@ -135,6 +141,9 @@ def run_demo(opts: DemoOptions) -> dict:
   stats_file = opts.out / ".camera-stats.json"
   logs = {n: open(opts.out / f"{n}.log", "w") for n in ("camera", "modeld")}
   sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
+  # counted on sockets of their own: SubMaster's are conflated (openpilot's semantics) and read one message of each other
+  # service per modelV2, so one sent after that wake-up (a busy box) is skipped there, not lost
+  tally = {s: messaging.sub_sock(s, conflate=False) for s in ("drivingModelData", "cameraOdometry")}
   modeld = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(art), "--demo"], env=env,
                             stdout=logs["modeld"], stderr=subprocess.STDOUT)
   camera = subprocess.Popen([sys.executable, "-m", "modeld_msm.demo_camera", "--camera", opts.camera, "--seconds", str(opts.seconds),
@@ -149,9 +158,8 @@ def run_demo(opts: DemoOptions) -> dict:
   try:
     while True:
       sm.update(100)
-      for s in counts:
-        if sm.updated[s]:
-          counts[s] += 1
+      counts["modelV2"] += sm.updated["modelV2"]
+      _tally(tally, counts)
       if sm.updated["modelV2"]:
         m = sm["modelV2"]
         _record(trace, m, time.monotonic() - t0, sm.valid["modelV2"])
@@ -169,6 +177,7 @@ def run_demo(opts: DemoOptions) -> dict:
             counts["modelV2"] += 1
             _record(trace, sm["modelV2"], time.monotonic() - t0, sm.valid["modelV2"])
             bar.update(1)
+        _tally(tally, counts)
         break
       if modeld.poll() is not None:
         raise UserError(f"modeld exited early with code {modeld.returncode}; see {opts.out / 'modeld.log'}")
