@@ -105,9 +105,9 @@ class Trace:
 
 
 def _tally(socks: dict, counts: dict[str, int]) -> None:
+  from selfdrive_glue.messaging import drain_sock_raw
   for s, sock in socks.items():
-    while sock.receive(non_blocking=True) is not None:
-      counts[s] += 1
+    counts[s] += len(drain_sock_raw(sock))
 
 
 def _record(trace: Trace, m, t: float, valid: bool) -> None:
