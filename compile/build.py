@@ -170,15 +170,15 @@ def _run_sequence(policy_fn, warp_fn, steps: _Steps, host_np, host_t, queues) ->
   return out
 
 
-def runner_model(path: Path, compute: str, layout: bool, workdir: Path) -> tuple[Path, int]:
-  """The ONNX file tinygrad runs for one model: widened to fp32 and/or with the CPU weight layout, as written into
-  workdir (onnxruntime always checks the original). -> (path, constant weights transposed)."""
+def runner_model(path: Path, compute: str, layout: bool, workdir: Path) -> tuple[Path, dict[str, int]]:
+  """The ONNX file tinygrad runs for one model: widened to fp32 and/or with the CPU layout's graph rewrites, as written
+  into workdir (onnxruntime always checks the original). -> (path, {rewrite: count})."""
   if compute == "fp32":
     path = precision_mod.widen_to_fp32(path, workdir / f"fp32_{path.name}")
   if not layout:
-    return path, 0
+    return path, {}
   out = workdir / f"cpu_{path.name}"
-  return out, cpu_layout.transpose_weights(path, out)
+  return out, cpu_layout.rewrite(path, out)
 
 
 def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool | None = None):
@@ -194,7 +194,7 @@ def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, devi
   with tempfile.TemporaryDirectory(prefix="modeld-msm-build-") as td:
     (vpath, vn), (ppath, pn) = (runner_model(i.path, compute, layout, Path(td)) for i in (vinfo, pinfo))
     prog = DrivingProgram(replace(vinfo, path=vpath), replace(pinfo, path=ppath), nv, device, cpu_ops=layout)
-  prog.layout_rewrites = {"vision_weights_transposed": vn, "policy_weights_transposed": pn}
+  prog.layout_rewrites = {f"{m}_{k}": n for m, counts in (("vision", vn), ("policy", pn)) for k, n in counts.items()}
   return prog
 
 
@@ -307,7 +307,9 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     "precision": {"compute": compute, "why": why, "cpu": precision_mod.cpu_info().summary() if device.startswith("CPU") else None},
     # compute-preserving rewrites the runners were built with (compile/cpu_layout.py); checked against onnxruntime like the rest
     "cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites,
-                   "dense_conv_materialised": use_layout, "elu_own_kernel": use_layout},
+                   "dense_conv_materialised": use_layout, "elu_own_kernel": use_layout,
+                   # convolutions run on compile/cpu_pointwise.py's kernel (MODELD_CPU_POINTWISE=0: none)
+                   "pointwise_kernel": {m: len(getattr(getattr(prog, m), "cpu_pointwise", {})) for m in ("vision", "policy")}},
     # kernels were split into this many parts, run concurrently at load (compile/cpu_threads.py)
     "cpu_threads": threads,
     "search": {"used": searched is not None, "why": search_why, "beam": searched["beam"] if searched else None,

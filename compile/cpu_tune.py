@@ -142,10 +142,14 @@ class _StepCaches:
     self.junk = np.zeros(_cache_bytes(), np.uint8)
 
   def prepare(self, k: Kernel, outs: set[int]) -> None:
+    # the inputs in the order of the kernel's buffer slots
+    self.evict([b.ensure_allocated() for i, b in enumerate(k.rawbufs) if i not in outs])
+
+  def evict(self, inputs: list[Any]) -> None:
+    """Every cache level emptied, then the `inputs` (tinygrad Buffers) read back in."""
     self.junk += 1   # reads and writes every line: whatever was cached is gone
-    for i, b in enumerate(k.rawbufs):   # in the order of the kernel's buffer slots
-      if i not in outs:
-        bytes(b.ensure_allocated().as_memoryview(allow_zero_copy=True))
+    for b in inputs:
+      bytes(b.as_memoryview(allow_zero_copy=True))
 
 
 _caches: _StepCaches | None = None

@@ -35,8 +35,9 @@ def _ort(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["vision", "policy"])
 def test_transposed_weights_compute_the_same_in_onnxruntime(tiny_models, tmp_path, kind):
   src = tiny_models / f"driving_{kind}.onnx"
-  n = cpu_layout.transpose_weights(src, tmp_path / src.name)
-  m = onnx.load(str(tmp_path / src.name))
+  m = onnx.load(str(src))
+  n = cpu_layout.transpose_weights(m.graph)
+  onnx.save(m, str(tmp_path / src.name))
   gemms = [nd for nd in m.graph.node if nd.op_type == "Gemm"]
   assert n > 0 and gemms and all(any(a.name == "transB" and a.i == 1 for a in nd.attribute) for nd in gemms)
   assert sum(nd.op_type == "Transpose" and nd.name.endswith("__cpu_t") for nd in m.graph.node) == n - len(gemms)
@@ -53,14 +54,15 @@ def test_shared_or_non_2d_weights_are_left_alone(tmp_path):
                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 2))],
                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 3))], [w])
   onnx.save(helper.make_model(g), str(tmp_path / "m.onnx"))
-  assert cpu_layout.transpose_weights(tmp_path / "m.onnx", tmp_path / "out.onnx") == 0
+  assert cpu_layout.rewrite(tmp_path / "m.onnx", tmp_path / "out.onnx")["weights_transposed"] == 0
   assert numpy_helper.to_array(onnx.load(str(tmp_path / "out.onnx")).graph.initializer[0]).shape == (2, 3)
 
 
 @pytest.mark.parametrize("kind", ["vision", "policy"])
 def test_cpu_runner_matches_onnxruntime_and_the_plain_runner(tiny_models, tmp_path, kind):
-  """The runner compile builds for a CPU (fp32, transposed weights, dense convolutions materialised) against onnxruntime
-  on the original fp16 model with the compile check's tolerance, and against tinygrad's plain fp32 runner."""
+  """The runner compile builds for a CPU (fp32, transposed weights, dense convolutions materialised, pointwise ones on our
+  kernel with their Elu) against onnxruntime on the original fp16 model with the compile check's tolerance, and against
+  tinygrad's plain fp32 runner."""
   from tinygrad import Tensor
   from tinygrad.nn.onnx import OnnxRunner
 
@@ -75,6 +77,8 @@ def test_cpu_runner_matches_onnxruntime_and_the_plain_runner(tiny_models, tmp_pa
       cpu_layout.apply(runner)
     inputs = {k: Tensor(v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
     outs[layout] = next(iter(runner(inputs).values())).float().numpy()
+    if layout:   # the vision model's pointwise convolutions ran on compile/cpu_pointwise.py (the policy has none)
+      assert (len(runner.cpu_pointwise) > 0) == (kind == "vision")
   assert np.all(np.abs(outs[True] - ref) <= ORT_ATOL + ORT_RTOL * np.abs(ref))
   np.testing.assert_allclose(outs[True], outs[False], rtol=1e-5, atol=1e-5)
 
@@ -214,3 +218,19 @@ def test_store_replaces_its_own_set_and_drops_sets_of_other_kernel_code(tmp_path
   assert [s["recorded_on"] for s in cpu_search.load_table(table)["sets"]] == ["a", "c"]
   cpu_search.store({**first, "recorded_on": "d"}, table)
   assert [s["recorded_on"] for s in cpu_search.load_table(table)["sets"]] == ["a", "d"]
+
+
+def test_code_fingerprint_follows_code_not_its_text(tmp_path, monkeypatch):
+  """A docstring or comment fixed in the kernel-shaping sources keeps the recorded sets; a changed line of code retires them."""
+  src = Path(cpu_search.__file__).parent
+  for name in cpu_search.KERNEL_SOURCES:
+    (tmp_path / name).write_text((src / name).read_text())
+  monkeypatch.setattr(cpu_search, "__file__", str(tmp_path / "cpu_search.py"))
+  base = cpu_search.code_fingerprint()
+  assert base == cpu_search.code_fingerprint()
+  f = tmp_path / "cpu_pointwise.py"
+  text = f.read_text()
+  f.write_text(text.replace('"""Pointwise (1x1)', '"""Reworded. Pointwise (1x1)', 1).replace("# a tile is", "# reworded: a tile is", 1))
+  assert f.read_text() != text and cpu_search.code_fingerprint() == base
+  f.write_text(text.replace("#define MR 6", "#define MR 4", 1))
+  assert cpu_search.code_fingerprint() != base
