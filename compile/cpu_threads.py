@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import threading
 import time
 from typing import Any
@@ -33,9 +34,13 @@ _PIN = os.environ.get("MODELD_CPU_PIN", "1") != "0"
 
 
 class _Pool:
-  """n-1 daemon workers; `run(fxn, parts)` spreads a kernel's parts over the caller and the workers, and returns when all are done."""
+  """n-1 daemon workers; `run(fxn, parts)` spreads a kernel's parts over the caller and the workers, and returns when all are done.
 
-  def __init__(self, n: int):
+  The hand-off is compile/cpu_pool_native.py's spinning one where it builds (MODELD_CPU_POOL=python: semaphores, as
+  before); either way the parts and their order are the same."""
+
+  def __init__(self, n: int, native: bool | None = None):
+    """native: the C hand-off (False: semaphores; None: as MODELD_CPU_POOL says)."""
     self.n = n
     self._go = [threading.Semaphore(0) for _ in range(n - 1)]
     self._done = threading.Semaphore(0)
@@ -44,13 +49,20 @@ class _Pool:
     self._lock = threading.Lock()   # one kernel at a time: two Python threads launching kernels would share the workers
     self.launches = 0               # kernels run split (tests and benchmarks read it)
     self._cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    for i in range(n - 1):
-      threading.Thread(target=self._worker, args=(i,), name=f"modeld-cpu-{i + 1}", daemon=True).start()
+    self.native: Any
+    self.native, self.native_why = _native(n) if native is not False else (None, "semaphores (asked for)")
+    self.threads = [threading.Thread(target=self._worker, args=(i,), name=f"modeld-cpu-{i + 1}", daemon=True) for i in range(n - 1)]
+    for t in self.threads:
+      t.start()
 
   def _worker(self, i: int) -> None:
     _spread(self.n)
     if _PIN and len(self._cores) >= self.n:
       os.sched_setaffinity(0, {self._cores[i + 1]})
+    if self.native is not None:   # the rest of this thread's life is in C, without the GIL
+      lib, lanes, size = self.native
+      lib.modeld_pool_worker(ctypes.addressof(lanes) + (i + 1) * size)
+      return
     while True:
       self._go[i].acquire()
       fxn, mine = self._work[i]
@@ -62,9 +74,27 @@ class _Pool:
       finally:
         self._done.release()
 
+  def run_native(self, addr: int, parts: list[list[int]]) -> bool:
+    """Run the parts of the kernel at `addr` (each a list of integer arguments) through the C hand-off; False (nothing
+    run) where it is not available or the kernel does not fit it."""
+    from compile.cpu_pool_native import MAX_ARGS, MAX_PARTS
+    if self.native is None or len(parts[0]) > MAX_ARGS or len(parts) > MAX_PARTS * self.n:
+      return False
+    lib, lanes, _ = self.native
+    flat = (ctypes.c_uint64 * (MAX_ARGS * len(parts)))()
+    for p, args in enumerate(parts):
+      for a, v in enumerate(args):
+        flat[p * MAX_ARGS + a] = v
+    with self._lock:
+      self.launches += 1
+      lib.modeld_pool_run(lanes, self.n, addr, flat, len(parts))
+    return True
+
   def run(self, fxn, parts: list[list[ctypes.c_uint64]]) -> None:
     # part k goes to lane k % n (lane 0 is the caller): an artifact captured with more parts than this machine has cores
     # still runs, in rounds
+    if self.native is not None:
+      raise RuntimeError("this pool's workers run the C hand-off: use run_native")
     lanes = [parts[i::self.n] for i in range(min(self.n, len(parts)))]
     with self._lock:
       self.launches += 1
@@ -79,6 +109,26 @@ class _Pool:
           self._done.acquire()
       if self._errors:
         raise self._errors.pop()
+
+
+# how parts are handed to the workers: "native" (compile/cpu_pool_native.py, where it builds) or "python" (semaphores)
+_POOL = os.environ.get("MODELD_CPU_POOL", "native")
+if _POOL not in ("native", "python"):
+  raise ValueError(f"MODELD_CPU_POOL={_POOL!r}: use native or python")
+
+
+def _native(n: int) -> tuple[Any, str]:
+  """((library, lanes, lane size) or None, why) for a pool of n lanes."""
+  if _POOL != "native":
+    return None, "MODELD_CPU_POOL=python"
+  try:
+    from compile import cpu_pool_native
+    lib = cpu_pool_native.build()
+  except (OSError, subprocess.CalledProcessError) as e:
+    return None, f"the C hand-off did not build here ({e}); semaphores"
+  size = int(lib.modeld_pool_lane_size())
+  lanes = (ctypes.c_char * (size * n))()   # zeroed: every counter starts at 0
+  return (lib, lanes, size), "C hand-off (spin, then futex)"
 
 
 def _spread(n: int) -> None:
@@ -110,16 +160,17 @@ def _program_class():
       parts = []
       for tid in range(global_size[0]):
         args[slot] = tid
-        parts.append([ctypes.c_uint64(x) for x in args])
+        parts.append(list(args))
       trials: list[float] = self.__dict__.setdefault("_trials", [])
       parallel = self.__dict__.get("_parallel", _MODE == "parallel" if _MODE != "auto" else None)
       if parallel is None:   # after the warm-up call, odd calls in parallel, even calls one part after another
         parallel = len(trials) % 2 == 1
       if parallel:
-        _pool.run(self.fxn, parts)
+        if not _pool.run_native(self.addr, parts):
+          _pool.run(self.fxn, [[ctypes.c_uint64(x) for x in p] for p in parts])
       else:
         for p in parts:
-          self.fxn(*p)
+          self.fxn(*[ctypes.c_uint64(x) for x in p])
       took = time.perf_counter() - st
       if _MODE == "auto" and "_parallel" not in self.__dict__:
         trials.append(took)
