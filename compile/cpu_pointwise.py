@@ -1,9 +1,9 @@
 """Pointwise (1x1) convolutions of CPU artifacts as a register-blocked C kernel, handed to tinygrad as a custom kernel.
 
 The 1x1 convolutions are ~90 % of the vision model's FLOPs. tinygrad 0.14's C renderer gives them a tile of scalar
-accumulators fed by at most 4-wide loads, and clang rebuilds 4-wide FMAs from that: 52 GFLOP/s for the 96->288 convolution
-at 32x64 on the 2-core AMD EPYC, caches evicted as a step leaves them, where a 12x32 register tile of 16-wide vectors
-runs at 102 (same run, same buffers; bench/bench_pointwise.py prints the table for every shape of the models).
+accumulators fed by at most 4-wide loads, and clang rebuilds 4-wide FMAs from that. On the 2-core AMD EPYC, caches
+evicted as a step leaves them, the 96->288 convolution at 32x64 ran at 38 GFLOP/s with tinygrad's BEAM=1 kernel and 68
+with this one; all 16 of a vision call took 40.3 ms against 20.3 (bench/bench_pointwise.py prints the table).
 
 The kernel computes out[co, p] = bias[co] + sum_ci w[co, ci] * x[ci, p] over NCHW buffers (batch 1, p the pixel):
   * a tile of MR output channels x NV vectors of pixels lives in registers for the whole ci loop, so each x vector loaded

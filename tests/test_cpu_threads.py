@@ -113,6 +113,14 @@ def test_artifact_records_its_thread_count(cpu_artifact_1928):
   assert meta["cpu_threads"] == cpu_threads.count()
 
 
+def _python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+  """`code` run by a child Python with the repository importable; it must exit 0."""
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                     env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert r.returncode == 0, r.stderr
+  return r
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores and CPU affinity")
 def test_workers_leave_the_core_modeld_pinned_itself_to():
   """modeld pins itself to one core like openpilot's realtime processes; a worker that stayed there would only take turns."""
@@ -120,9 +128,7 @@ def test_workers_leave_the_core_modeld_pinned_itself_to():
           "pool = cpu_threads._Pool(2, native=False); seen = {}\n"
           "def part(i): seen[i] = sorted(os.sched_getaffinity(0))\n"
           "pool.run(part, [[0], [1]]); print(seen[0], seen[1])")
-  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
-                     env={**os.environ, "PYTHONPATH": str(REPO)})
-  assert r.returncode == 0, r.stderr
+  r = _python(code)
   caller, worker = r.stdout.split("] [")
   assert caller == "[0" and "0" not in worker.strip("]\n").split(", ")
 
@@ -201,10 +207,7 @@ def test_native_pool_survives_a_storm_of_tiny_kernels(part_lib):
           "out = np.zeros((2, 2), np.uint64); args = [[out.ctypes.data, 0], [out.ctypes.data, 1]]\n"
           "for _ in range(100000): pool.run_native(fn, args)\n"
           "print(int(out[0, 1]), int(out[1, 1]))")
-  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
-                     env={**os.environ, "PYTHONPATH": str(REPO)})
-  assert r.returncode == 0, r.stderr
-  assert r.stdout.split() == ["100000", "100000"]
+  assert _python(code, timeout=120).stdout.split() == ["100000", "100000"]
 
 
 def test_python_pool_when_asked(monkeypatch):

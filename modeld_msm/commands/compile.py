@@ -16,7 +16,8 @@ def add_arguments(p) -> None:
   p.add_argument("--precision", choices=("auto", "fp16", "fp32"), default="auto",
                  help="compute precision (default auto: fp32 on a CPU, native fp16 or not; fp16 on QCOM, always, and on GPUs)")
   p.add_argument("--layout", choices=("auto", "on", "off"), default=None,
-                 help="CPU layout (transposed constant weights, dense convolutions materialised, pointwise convolutions on our kernel); default auto = on for CPU targets, "
+                 help="CPU layout (transposed constant weights, dense convolutions materialised, pointwise convolutions on our "
+                      "kernel); default auto = on for CPU targets, "
                       "or $MODELD_CPU_LAYOUT")
   p.add_argument("--search", choices=("auto", "off"), default=None,
                  help="the shipped kernel search (compile/cpu_search_table.json), used only where it was recorded for these models; "
