@@ -105,8 +105,6 @@ def transpose_weights(g) -> int:
   return count
 
 
-
-
 def fuse_conv_elu(g) -> int:
   """Give each pointwise Conv whose output only an Elu reads that Elu's alpha (attribute ELU_ATTR) and make the Elu an
   Identity: the pointwise kernel then applies it in registers as it stores, instead of a pass of its own over the output.
