@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from compile.cpu_pool_native import MAX_ARGS, MAX_PARTS
+
 _pool: _Pool | None = None
 # how a split kernel's parts run: "parallel", "serial", or "auto" (each kernel measures both ways on its first calls and
 # keeps the faster; on the 2-core EPYC it measured no better than parallel, run-to-run noise being larger than the gain);
@@ -74,10 +76,20 @@ class _Pool:
       finally:
         self._done.release()
 
+  def run_split(self, addr: int, fxn, parts: list[list[int]]) -> None:
+    """Run the parts (each a list of integer arguments) of the kernel at `addr`, `fxn` its ctypes function: through the
+    C hand-off where this pool has it, else through the semaphores. The workers of a C pool take no Python work, so a
+    kernel its lanes cannot carry (over MAX_ARGS arguments, over MAX_PARTS parts a lane) runs its parts one after
+    another on the caller: slower, the same bytes."""
+    if self.native is None:
+      self.run(fxn, [_c_args(p) for p in parts])
+    elif not self.run_native(addr, parts):
+      for p in parts:
+        fxn(*_c_args(p))
+
   def run_native(self, addr: int, parts: list[list[int]]) -> bool:
     """Run the parts of the kernel at `addr` (each a list of integer arguments) through the C hand-off; False (nothing
     run) where it is not available or the kernel does not fit it."""
-    from compile.cpu_pool_native import MAX_ARGS, MAX_PARTS
     if self.native is None or len(parts[0]) > MAX_ARGS or len(parts) > MAX_PARTS * self.n:
       return False
     lib, lanes, _ = self.native
@@ -131,6 +143,11 @@ def _native(n: int) -> tuple[Any, str]:
   return (lib, lanes, size), "C hand-off (spin, then futex)"
 
 
+def _c_args(args: list[int]) -> list[ctypes.c_uint64]:
+  """A part's arguments as ctypes passes them to a kernel: every one a 64-bit integer."""
+  return [ctypes.c_uint64(x) for x in args]
+
+
 def _spread(n: int) -> None:
   """A worker born in a process pinned to fewer cores than there are parts (modeld pins itself to one core, like openpilot's
   realtime processes) moves itself to the other cores: on the caller's core it would only take turns with it."""
@@ -166,11 +183,10 @@ def _program_class():
       if parallel is None:   # after the warm-up call, odd calls in parallel, even calls one part after another
         parallel = len(trials) % 2 == 1
       if parallel:
-        if not _pool.run_native(self.addr, parts):
-          _pool.run(self.fxn, [[ctypes.c_uint64(x) for x in p] for p in parts])
+        _pool.run_split(self.addr, self.fxn, parts)
       else:
         for p in parts:
-          self.fxn(*[ctypes.c_uint64(x) for x in p])
+          self.fxn(*_c_args(p))
       took = time.perf_counter() - st
       if _MODE == "auto" and "_parallel" not in self.__dict__:
         trials.append(took)

@@ -172,6 +172,23 @@ def test_native_pool_runs_every_part_once_on_its_lane(part_lib, n, parts):
   assert set().union(*lanes[1:]) == {t.native_id for t in pool.threads[:min(n, parts) - 1]}
 
 
+def test_native_pool_runs_a_kernel_too_big_for_its_lanes_on_the_caller(part_lib):
+  """More arguments than a lane carries: the parts run one after another on the calling thread (a C pool's workers
+  take no Python work), each once; a kernel that fits still goes to the worker."""
+  import ctypes
+
+  from compile.cpu_pool_native import MAX_ARGS
+  pool = cpu_threads._Pool(2, native=True)
+  if pool.native is None:
+    pytest.skip(pool.native_why)
+  fxn = ctypes.CFUNCTYPE(None)(part_lib.addr)
+  out = np.zeros((2, 2), np.uint64)
+  pool.run_split(part_lib.addr, fxn, [[out.ctypes.data, p] + [0] * (MAX_ARGS - 1) for p in range(2)])
+  assert (out[:, 1] == 1).all() and set(out[:, 0].tolist()) == {threading.get_native_id()}
+  pool.run_split(part_lib.addr, fxn, [[out.ctypes.data, p] for p in range(2)])
+  assert (out[:, 1] == 2).all() and int(out[1, 0]) == pool.threads[0].native_id
+
+
 def test_native_pool_runs_a_part_handed_over_before_its_worker_started(part_lib):
   """A worker that starts after the caller handed it a part (the pool's threads start concurrently with the first
   kernel) still runs it: it does not take the counter it finds as already seen."""
