@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -23,6 +24,8 @@ from selfdrive_glue.errors import UserError
 
 FORMAT = 1
 MANIFEST, METADATA = "manifest.json", "metadata.json"
+# what an artifact's metadata may name as its device (compile/build.py TARGETS, less the renderer after the colon)
+DEVICES = ("CPU", "QCOM", "CUDA", "NV", "AMD")
 POLICY_PKL, WARP_PKL = "driving_policy.pkl", "driving_warp.pkl"
 REBUILD_HINT = "rebuild it with `modeld-msm compile` on this version (or `./dev demo`, which rebuilds its cache)"
 
@@ -186,6 +189,7 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
   if device is not None and meta.get("device") != device:
     raise ArtifactError(f"artifact {path} is for device {meta.get('device')} ({meta.get('target')}), not {device}; "
                         f"compile one with `modeld-msm compile --device {device}`")
+  _check_camera_geometry(path, meta)
   art = VerifiedArtifact(path, meta, dict(listed), signed_by)
   if camera is not None and art.camera != tuple(camera):
     raise ArtifactError(f"artifact {path} is for camera {art.camera[0]}x{art.camera[1]}, the stream is {camera[0]}x{camera[1]}; "
@@ -261,10 +265,55 @@ def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:
     jits = unpickle_programs(_read_checked(art, POLICY_PKL), _read_checked(art, WARP_PKL), names=(POLICY_PKL, WARP_PKL))
   except PickleRefused as e:
     raise ArtifactError(f"artifact {art.path} refused: {e}; {REBUILD_HINT}") from None
+  _check_frame_inputs(art, jits)
   from tinygrad import Device
 
   from compile import cpu_replay
   return cpu_replay.wrap(jits[0], Device.DEFAULT), cpu_replay.wrap(jits[1], Device.DEFAULT)
+
+
+def _check_camera_geometry(path: Path, meta: dict[str, Any]) -> None:
+  """The NV12 layout in the metadata is the one its width and height give (selfdrive_glue/nv12.py): an edited size is
+  refused here, before a stream of the other camera is paired with programs whose kernels index the old layout."""
+  from selfdrive_glue.nv12 import nv12_info
+  cam: Any = meta.get("camera")
+  try:
+    nv = nv12_info(int(cam["width"]), int(cam["height"]))
+    want = {"width": nv.width, "height": nv.height, "stride": nv.stride, "y_height": nv.y_height, "uv_height": nv.uv_height,
+            "uv_offset": nv.uv_offset, "size": nv.size}
+    bad = [k for k, v in want.items() if k in cam and cam[k] != v]   # a field the writer left out was not edited
+  except (TypeError, KeyError, ValueError, AttributeError):
+    raise ArtifactError(f"artifact {path}: {METADATA} has no readable camera size; {REBUILD_HINT}") from None
+  if bad:
+    raise ArtifactError(f"artifact {path}: {METADATA}'s camera {cam['width']}x{cam['height']} disagrees with its own NV12 layout "
+                        f"({', '.join(f'{k} {cam.get(k)}, not {want[k]}' for k in bad)}): it was edited; {REBUILD_HINT}")
+
+
+def frame_input_bytes(jit: Any) -> dict[int, int]:
+  """{argument position: bytes} of the camera frames (arguments 0 and 1, flat uint8) a captured JIT was built for, read off
+  its own input parameters: the size is baked into its kernels, whatever metadata.json says."""
+  from tinygrad.engine.realize import get_call_arg_uops
+  from tinygrad.uop.ops import Ops
+  sizes: dict[int, int] = {}
+  for call in jit.captured._linear.src:   # a graph call lists every input it reads as its own argument, so one level suffices
+    if call.op is not Ops.CALL:
+      continue
+    for u in (p for a in get_call_arg_uops(call) for p in a.toposort() if p.op is Ops.PARAM and p.arg.slot in (0, 1)):
+      sizes[u.arg.slot] = max(sizes.get(u.arg.slot, 0), int(math.prod(u.shape)) * u.dtype.itemsize)
+  return sizes
+
+
+def _check_frame_inputs(art: VerifiedArtifact, jits: tuple[Any, ...]) -> None:
+  # an unsigned artifact's metadata can be rewritten together with its manifest: the programs' own frame size is the check
+  from selfdrive_glue.nv12 import CAMERA_SIZES, nv12_info
+  want = nv12_info(*art.camera).size
+  for name, jit in zip((POLICY_PKL, WARP_PKL), jits):
+    got = set(frame_input_bytes(jit).values())
+    if got and got != {want}:
+      built = [c for c, wh in CAMERA_SIZES.items() if nv12_info(*wh).size in got]
+      raise ArtifactError(f"artifact {art.path}: {METADATA} says camera {art.camera[0]}x{art.camera[1]} ({want}-byte frames), but {name} "
+                          f"was compiled for {'/'.join(map(str, sorted(got)))}-byte frames ({', '.join(built) or 'another camera'}): "
+                          f"the metadata was edited; {REBUILD_HINT}")
 
 
 def _read_checked(art: VerifiedArtifact, name: str) -> bytes:

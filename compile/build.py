@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from compile import artifact as art_mod
-from compile import cpu_layout, cpu_search, cpu_threads
+from compile import cpu_layout, cpu_search, cpu_threads, preflight
 from compile import precision as precision_mod
 from compile.jit_pickle import pickle_programs, unpickle_programs
 from compile.metres import describe, metres_apart
 from compile.onnx_model import OnnxModelInfo, load_model_info
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import check_replaceable
 from selfdrive_glue.nv12 import NV12Info, nv12_info
 
 # fp16 graphs: each op rounds to 11 significant bits and the two runtimes order reductions differently, so compare with
@@ -79,10 +80,9 @@ def frame_tensor(buf: np.ndarray, device: str):
   return Tensor(buf, device=device)
 
 
-def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport) -> None:
-  import onnxruntime as ort
+def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport, sess=None) -> None:
   from tinygrad import Tensor
-  sess = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
+  sess = sess or preflight.ort_session(info)
   worst = 0.0
   apart: dict[str, float] = {}
   for _ in range(2):
@@ -202,22 +202,25 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
                      log=print, precision: str = "auto", layout: str | None = None, search: str | None = None) -> CompileReport:
   if device not in TARGETS:
     raise UserError(f"unknown device '{device}': use one of {', '.join(TARGETS)}")
+  # the options first (a word in the wrong place is refused at once), then the device, then the models
+  compute, why = precision_mod.choose(device, precision)
+  # compile --layout/--search, else MODELD_CPU_LAYOUT / MODELD_CPU_SEARCH (benchmarks, A/B)
+  use_layout, layout_why = cpu_layout.choose(device, layout or os.environ.get("MODELD_CPU_LAYOUT", "auto"))
+  preflight.check_device(device)
   out_dir = Path(out_dir)
   report = CompileReport(out_dir)
   t0 = time.perf_counter()
   vinfo, pinfo = load_model_info(vision, "vision"), load_model_info(policy, "policy")
+  sessions = {i.kind: preflight.ort_session(i) for i in (vinfo, pinfo)}
   report.checks.append(("model contract", "ok", f"vision out {vinfo.output_width}, policy out {pinfo.output_width}, "
                         f"{len(vinfo.output_slices)}+{len(pinfo.output_slices)} slices"))
-  compute, why = precision_mod.choose(device, precision)
-  # compile --layout/--search, else MODELD_CPU_LAYOUT / MODELD_CPU_SEARCH (benchmarks, A/B)
-  use_layout, layout_why = cpu_layout.choose(device, layout or os.environ.get("MODELD_CPU_LAYOUT", "auto"))
   search_key = cpu_search.match_key(device=device, precision=compute, layout=use_layout, camera=camera,
                                     model_sha256={"vision": vinfo.sha256, "policy": pinfo.sha256})
   searched, search_why = cpu_search.choose(search or os.environ.get("MODELD_CPU_SEARCH", "auto"), search_key)
   # one line with the precision: how the program is lowered, not a separate check (the release counts checks)
   report.checks.append(("precision", "ok", f"{compute}: {why}; cpu layout {'on' if use_layout else 'off'} ({layout_why}); "
                         f"kernel search: {search_why}"))
-  _check_out_dir(out_dir)
+  _check_out_dir(out_dir, (Path(vision), Path(policy)))
   capture_target, load_target = TARGETS[device]
   if device == "QCOM":
     import backend
@@ -239,6 +242,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     from compile.program import HostInputs
     nv = nv12_info(*camera)
     log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target} in {compute}")
+    for info in (vinfo, pinfo):
+      preflight.tinygrad_parse(info)
     prog = build_program(vinfo, pinfo, nv, dev_name, compute, layout=use_layout)
     report.timings["load"] = time.perf_counter() - t0
     if device == "QCOM":
@@ -250,8 +255,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     rng = np.random.default_rng(42)
     t = time.perf_counter()
     log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
-    _ort_check(vinfo, prog.vision, rng, report)
-    _ort_check(pinfo, prog.policy, rng, report)
+    _ort_check(vinfo, prog.vision, rng, report, sessions["vision"])
+    _ort_check(pinfo, prog.policy, rng, report, sessions["policy"])
     report.timings["onnxruntime check"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -378,7 +383,7 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
   return kernel_us
 
 
-def _check_out_dir(out_dir: Path) -> None:
+def _check_out_dir(out_dir: Path, inputs: tuple[Path, ...] = ()) -> None:
   parent = out_dir.resolve().parent
   probe = parent
   while not probe.exists():
@@ -390,5 +395,4 @@ def _check_out_dir(out_dir: Path) -> None:
     os.rmdir(tempfile.mkdtemp(prefix=".modeld-msm-probe-", dir=probe))
   except OSError as e:
     raise UserError(f"output directory {out_dir} is not writable ({e.strerror} in {probe}); choose another -o") from None
-  if out_dir.exists() and not out_dir.is_dir():
-    raise UserError(f"output path {out_dir} exists and is not a directory")
+  check_replaceable(out_dir, {art_mod.MANIFEST: "format"}, "artifact of ours", inputs)

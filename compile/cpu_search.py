@@ -30,8 +30,10 @@ TABLE = Path(__file__).with_name("cpu_search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (modeld_msm/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
-TABLE_SHA256: str | None = "19aa4dbbd15564ee48736b14813ad4f67791246781990a986b9445363e064e0a"
+TABLE_SHA256: str | None = "9dd3ad64b573f3da036e731b1c755811eaaa4e281c9811236b79e2491b853382"
 SEARCHES = ("auto", "off", "untuned")
+# which level's set to borrow where none is shipped for this CPU's: the nearest first
+ISA_PREFERENCE = ("avx2", "avx512", "neon", "base")
 FORMAT = 1
 
 
@@ -70,14 +72,18 @@ def code_fingerprint() -> str:
 
 
 def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, int], model_sha256: dict[str, str],
-              threads: int | None = None) -> dict[str, Any]:
+              threads: int | None = None, isa: str | None = None) -> dict[str, Any]:
   """What a recorded set must share with a compile for its kernels to be the same ones: a kernel missing from the set
   would be searched under BEAM, the wait the table exists to spare. The thread count is part of it: tinygrad splits
-  kernels into that many parts (compile/cpu_threads.py), so another count gives other kernels."""
+  kernels into that many parts (compile/cpu_threads.py), so another count gives other kernels. The ISA level is part of it
+  too: the kernels are the same, but opts timed on AVX-512 are not the best on AVX2 (choose() falls back to another level's
+  set, and says so, where this one has none)."""
   from compile import cpu_threads
   from compile.artifact import installed_versions
+  from compile.precision import cpu_info
   return {"tinygrad": installed_versions()["tinygrad"], "device": device, "precision": precision, "layout": layout, "camera": list(camera),
-          "threads": cpu_threads.count() if threads is None else threads, "models": dict(sorted(model_sha256.items())), "code": code_fingerprint()}
+          "threads": cpu_threads.count() if threads is None else threads, "models": dict(sorted(model_sha256.items())), "code": code_fingerprint(),
+          "isa": cpu_info().isa if isa is None else isa}
 
 
 def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str]:
@@ -92,12 +98,16 @@ def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = N
   if CACHELEVEL.value < 1 or IGNORE_BEAM_CACHE.value:
     return None, "tinygrad's search cache is disabled (CACHELEVEL/IGNORE_BEAM_CACHE): a shipped search could not be replayed"
   table = load_table() if table is None else table
-  for s in table["sets"]:
-    if s["match"] == key:
-      why = f"shipped BEAM={s['beam']} search for these models ({len(s['entries'])} kernels, recorded on {s['recorded_on']})"
-      if requested == "untuned":
-        return untuned(s), why + ", without the tuner's changes"
-      return s, why + (f", {n} tuned" if (n := tuned_count(s)) else "")
+  exact = [s for s in table["sets"] if s["match"] == key]
+  # another ISA level's set: the same kernels, with opts timed elsewhere; still far better than the heuristic on the full models
+  other = [s for s in table["sets"] if {**s["match"], "isa": key.get("isa")} == key]
+  for s in exact or sorted(other, key=lambda s: ISA_PREFERENCE.index(s["match"].get("isa")) if s["match"].get("isa") in ISA_PREFERENCE else 99):
+    why = f"shipped BEAM={s['beam']} search for these models ({len(s['entries'])} kernels, recorded on {s['recorded_on']}"
+    why += ")" if exact else (f" for ISA level {s['match'].get('isa')}; none is shipped for this CPU's {key.get('isa')}, so its opts are "
+                              "used as they are: record one with `python -m compile.cpu_search record` on such a CPU)")
+    if requested == "untuned":
+      return untuned(s), why + ", without the tuner's changes"
+    return s, why + (f", {n} tuned" if (n := tuned_count(s)) else "")
   return None, "no shipped search for these models/camera/precision/layout (tinygrad's heuristic opts)"
 
 

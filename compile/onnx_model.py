@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ POLICY_INPUTS = {
   "traffic_convention": ((1, 2), {"float16", "float32"}),
 }
 REQUIRED_SLICES = {"vision": ("hidden_state",), "policy": ("plan", "desire_state")}
+FEATURE_LEN = POLICY_INPUTS["features_buffer"][0][-1]   # the vision's hidden_state slice fills one features_buffer row
 
 
 @dataclass
@@ -47,15 +49,42 @@ def sha256_file(path: Path) -> str:
   return h.hexdigest()
 
 
+# what a pickle (protocols 0-5) of a dict of str -> slice(int | None, ...) names: slice is its only global; dict, str, int
+# and None have opcodes of their own. Protocols 0-2 spell the module the Python 2 way.
+_SLICE_GLOBALS = {("builtins", "slice"), ("__builtin__", "slice")}
+
+
+class _SliceUnpickler(pickle.Unpickler):
+  """Plain unpickling calls whatever the pickle names (`os.system` included), and this pickle comes from the model file:
+  every global but `slice` is refused by name, before anything is imported. Extension codes and persistent ids go
+  through find_class / persistent_load too, so nothing else can reach a callable."""
+
+  def find_class(self, module: str, name: str):
+    if (module, name) in _SLICE_GLOBALS:
+      return slice
+    raise UserError(f"metadata 'output_slices' asks for {module}.{name}, which slice metadata never needs (a dict of names to "
+                    "slices); refused without loading it: the model file was tampered with or is not an openpilot model")
+
+  def persistent_load(self, pid):
+    raise UserError("metadata 'output_slices' holds a persistent id, which slice metadata never has; refused")
+
+
 def decode_output_slices(b64: str) -> dict[str, slice]:
-  # this pickle comes from the model file itself (openpilot's own format); only plain slices are accepted back
+  """openpilot's `output_slices` metadata (base64 of a pickled dict name -> slice), read without running code from it."""
   try:
-    raw = pickle.loads(base64.b64decode(b64))
+    raw = _SliceUnpickler(io.BytesIO(base64.b64decode(b64))).load()
+  except UserError:
+    raise
   except Exception as e:
     raise UserError(f"metadata 'output_slices' is not base64 of a pickled dict ({type(e).__name__}); regenerate the model metadata") from None
-  if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, slice) for k, v in raw.items()):
-    raise UserError("metadata 'output_slices' must map names to slices")
+  if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, slice) and _index_ok(v) for k, v in raw.items()):
+    raise UserError("metadata 'output_slices' must map names to slices of integers")
   return raw
+
+
+def _index_ok(s: slice) -> bool:
+  ints = all(x is None or (isinstance(x, int) and not isinstance(x, bool) and x >= 0) for x in (s.start, s.stop))
+  return ints and s.step in (None, 1)
 
 
 def encode_output_slices(slices: dict[str, slice]) -> str:
@@ -69,7 +98,6 @@ def _dims(t) -> tuple[int, ...]:
 def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   """Parse and check one model file against openpilot's I/O contract. Raises UserError naming what is wrong."""
   import onnx
-  from onnx import helper
 
   path = Path(path)
   if not path.is_file():
@@ -78,6 +106,8 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
     model = onnx.load(str(path), load_external_data=False)
   except Exception as e:
     raise UserError(f"{kind} model {path} is not a readable ONNX file ({type(e).__name__}); re-download or regenerate it") from None
+  # structure first (dangling node inputs, names that are not UTF-8, unknown types), so the contract below reads a sound graph
+  _checker(model, kind, path, full=False)
   graph = model.graph
   inits = {i.name for i in graph.initializer}
   inputs = {i.name: i for i in graph.input if i.name not in inits}
@@ -86,18 +116,26 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
     if name not in inputs:
       raise UserError(f"{kind} model {path.name} has no input '{name}' (inputs: {', '.join(inputs) or 'none'}); is this the right model file?")
     got_shape = _dims(inputs[name])
-    got_dtype = helper.tensor_dtype_to_np_dtype(inputs[name].type.tensor_type.elem_type).name
+    got_dtype = _dtype_name(inputs[name])
     if got_shape != shape:
       raise UserError(f"{kind} model input '{name}' has shape {got_shape}, expected {shape}")
     if got_dtype not in dtypes_ok:
       raise UserError(f"{kind} model input '{name}' has dtype {got_dtype}, expected {' or '.join(sorted(dtypes_ok))}")
+  if extra := sorted(set(inputs) - set(expected)):
+    raise UserError(f"{kind} model {path.name} has input(s) openpilot's modeld does not feed: {', '.join(extra)}; is this the right model file?")
   if len(graph.output) != 1:
     raise UserError(f"{kind} model must have exactly one output, found {len(graph.output)}")
+  # then types and shapes through the whole graph: an input declared float32 in an fp16 graph passes the contract above
+  # but fails onnxruntime's type check (and only after tinygrad has loaded the model, tens of seconds in)
+  _checker(model, kind, path, full=True, hint=_precision_hint(inputs, graph.output[0]))
   _check_ops(model, kind, path)
   meta = {p.key: p.value for p in model.metadata_props}
   if "output_slices" not in meta:
     raise UserError(f"{kind} model {path.name} has no 'output_slices' metadata; openpilot models carry it (metadata_props)")
-  slices = decode_output_slices(meta["output_slices"])
+  try:
+    slices = decode_output_slices(meta["output_slices"])
+  except UserError as e:
+    raise UserError(f"{kind} model {path}: {e}") from None
   out_shapes = {o.name: _dims(o) for o in graph.output}
   width = next(iter(out_shapes.values()))[-1]
   for req in REQUIRED_SLICES[kind]:
@@ -106,9 +144,38 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   for name, s in slices.items():
     if s.stop is None or s.stop > width:
       raise UserError(f"{kind} output slice '{name}' {s} exceeds the output width {width}")
+  if kind == "vision" and (hs := slices["hidden_state"]).stop - (hs.start or 0) != FEATURE_LEN:
+    raise UserError(f"vision model {path.name}: its hidden_state slice {hs} is not {FEATURE_LEN} wide, the policy's features_buffer rows")
   return OnnxModelInfo(path, kind, sha256_file(path), {k: _dims(v) for k, v in inputs.items()},
-                       {k: helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name for k, v in inputs.items()},
+                       {k: _dtype_name(v) for k, v in inputs.items()},
                        out_shapes, slices, {k: v for k, v in meta.items() if k != "output_slices"})
+
+
+def _dtype_name(value_info) -> str:
+  from onnx import helper
+  elem = value_info.type.tensor_type.elem_type
+  try:
+    return helper.tensor_dtype_to_np_dtype(elem).name
+  except (KeyError, ValueError, TypeError):
+    return f"ONNX element type {elem}"
+
+
+def _checker(model, kind: str, path: Path, full: bool, hint: str = "") -> None:
+  """onnx.checker; full: also strict type and shape inference through the graph (what onnxruntime checks when it loads)."""
+  import onnx
+  try:
+    onnx.checker.check_model(model, full_check=full)
+  except Exception as e:
+    why = (str(e).strip().splitlines() or [""])[0][:300]
+    raise UserError(f"{kind} model {path} is not a valid ONNX model ({type(e).__name__}: {why}){hint}; the file is damaged or was "
+                    "edited: re-download or regenerate it") from None
+
+
+def _precision_hint(inputs: dict, output) -> str:
+  """Float inputs declared in another precision than the graph's output: the usual cause of a type error in an fp16 graph."""
+  want = _dtype_name(output)
+  odd = [f"'{k}' {d}" for k, v in inputs.items() if (d := _dtype_name(v)).startswith("float") and want.startswith("float") and d != want]
+  return f" (input {', '.join(odd)} in a {want} graph?)" if odd else ""
 
 
 def _check_ops(model, kind: str, path: Path) -> None:

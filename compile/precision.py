@@ -22,7 +22,11 @@ PRECISIONS = ("auto", "fp16", "fp32")
 # FEAT_FP16 as asimdhp/fphp)
 NATIVE_FP16_FLAGS = {"avx512_fp16", "asimdhp", "fphp"}
 # shown beside benchmarks: what decides the speed of the CPU artifact
-REPORTED_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_fp16", "neon", "asimd", "asimdhp", "fphp")
+REPORTED_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+                  "amx_fp16", "neon", "asimd", "asimdhp", "fphp")
+# the vector ISA levels the CPU artifact's kernels are built for (tinygrad compiles with -march=native; our pointwise kernel picks
+# its tile by the same macros): kernel search sets are recorded per level, since the best opts differ between them
+ISA_LEVELS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx2": {"avx2", "fma"}, "neon": {"asimd"}}
 
 
 @dataclass(frozen=True)
@@ -35,9 +39,19 @@ class CpuInfo:
   def native_fp16(self) -> bool:
     return bool(self.flags & NATIVE_FP16_FLAGS)
 
+  @property
+  def isa(self) -> str:
+    """avx512, avx2, neon, or base (SSE2 and nothing wider this project's kernels use)."""
+    return next((name for name, need in ISA_LEVELS.items() if need <= self.flags), "base")
+
   def summary(self) -> str:
     shown = [f for f in REPORTED_FLAGS if f in self.flags]
-    return f"{self.model} ({self.cores} cores; {' '.join(shown) or 'no SIMD flags found'}; native fp16: {'yes' if self.native_fp16 else 'no'})"
+    return (f"{self.model} ({self.cores} cores; ISA level {self.isa}; {' '.join(shown) or 'no SIMD flags found'}; "
+            f"native fp16: {'yes' if self.native_fp16 else 'no'})")
+
+  def as_dict(self) -> dict:
+    """What benchmarks and the demo summary record beside their numbers."""
+    return {"model": self.model, "cores": self.cores, "isa": self.isa, "flags": [f for f in REPORTED_FLAGS if f in self.flags]}
 
 
 def cpu_info(cpuinfo: str | None = None) -> CpuInfo:

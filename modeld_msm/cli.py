@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from selfdrive_glue.errors import UserError
+from selfdrive_glue.errors import UserError, describe_os_error
 
 COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "demo", "synth", "replay",
             "regress", "train", "doctor"]
@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
   except UserError as e:
     print(f"modeld-msm {args.command}: error: {e}", file=sys.stderr)
     return e.exit_code
+  except OSError as e:
+    # the one place a read-only or full output, or a file where a folder should be, becomes a line instead of a traceback
+    if (line := describe_os_error(e)) is None:
+      raise
+    print(f"modeld-msm {args.command}: error: {line}", file=sys.stderr)
+    return 2
   except KeyboardInterrupt:
     return 130
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compile.precision import cpu_info
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import replacing
 
@@ -59,7 +60,8 @@ def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bo
     for kind in ("vision", "policy"):
       h.update(models[kind].path.read_bytes())
     from compile.precision import choose
-    h.update(json.dumps([camera, device, installed_versions(), choose(device, "auto")[0]]).encode())
+    # a CPU artifact is machine code for this CPU (-march=native): a cache carried to another CPU must not hand it over
+    h.update(json.dumps([camera, device, installed_versions(), choose(device, "auto")[0], cpu_info().as_dict()]).encode())
     # the program is built by our own code too: a change there must not reuse a stale artifact
     for src in sorted((Path(__file__).resolve().parents[1] / "compile").glob("*.py")):
       h.update(src.read_bytes())
@@ -235,6 +237,7 @@ def summarize(trace: Trace, counts, cam_stats, rss_start, rss_end, art: Path, op
   sent = cam_stats.get("frames_sent")
   return {
     "models": "full" if opts.full else "tiny", "camera": opts.camera, "device": opts.device, "artifact": str(art),
+    "cpu": cpu_info().as_dict(),   # what decided the kernels: the numbers below are this CPU's
     "seconds": opts.seconds,
     "frames_sent": sent, "frames_received": counts["modelV2"], "published": counts,
     "frames_dropped": (sent - counts["modelV2"]) if sent is not None else None,

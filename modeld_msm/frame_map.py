@@ -12,6 +12,7 @@ mapping it used.
 """
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,9 @@ from selfdrive_glue.route import ROAD_CAMERA, WIDE_CAMERA, Segment
 
 SENSOR_SIZES = {"ar0231": (1928, 1208), "ox03c10": (1928, 1208), "os04c10": (1344, 760)}
 STREAMS = (("road", "roadCameraState", "roadEncodeIdx", ROAD_CAMERA), ("wide", "wideRoadCameraState", "wideRoadEncodeIdx", WIDE_CAMERA))
+# an encode-index entry and its camera state carry the same start-of-frame time (encoderd copies camerad's frame metadata);
+# a frame apart is 50 ms, so anything beyond this names another frame
+SOF_TOLERANCE_NS = 1_000_000
 
 
 @dataclass
@@ -63,9 +67,29 @@ class SegmentPlan:
     return [self.road] + ([self.wide] if self.wide is not None else [])
 
 
+def _check_index_times(entries: list[Any], state_sof: dict[int, int], rlog: Path, service: str, state_svc: str) -> None:
+  """UserError when index entries' start-of-frame times are not their camera states' (frameIds shifted, or from another
+  drive): pairing by frameId would then give every state another picture. Entries without a time (older logs) pass."""
+  bad = [(int(e.frameId), int(e.timestampSof)) for e in entries
+         if e.timestampSof and state_sof.get(int(e.frameId)) and abs(int(e.timestampSof) - state_sof[int(e.frameId)]) > SOF_TOLERANCE_NS]
+  if not bad:
+    return
+  fid, t = bad[0]
+  ts = state_sof[fid]
+  by_time = sorted((v, k) for k, v in state_sof.items() if v)
+  k = bisect.bisect_left(by_time, (t - SOF_TOLERANCE_NS, -(1 << 62)))
+  owner = by_time[k][1] if k < len(by_time) and abs(by_time[k][0] - t) <= SOF_TOLERANCE_NS else None
+  why = (f"that is camera frame {owner}'s start of frame, so its frameIds are shifted by {fid - owner:+d}" if owner is not None
+         else "no camera state started then")
+  raise UserError(f"{rlog}: {service} puts camera frame {fid} at start of frame {t} ns, but its {state_svc} says {ts} ns "
+                  f"({(t - ts) / 1e6:+.1f} ms; {len(bad)} of {len(entries)} entries disagree): {why}; the encode index does not "
+                  "match the camera states, so the frames cannot be paired")
+
+
 def _index_map(name: str, path: Path, states: list[tuple[int, int]], entries: list[Any], n_video: int, damaged: bool, rlog: Path,
-               service: str) -> StreamMap:
-  """Map states [(event position, frameId)] through encode-index entries; UserError for what the index cannot explain."""
+               service: str, state_sof: dict[int, int] | None = None, state_svc: str = "camera state") -> StreamMap:
+  """Map states [(event position, frameId)] through encode-index entries; UserError for what the index cannot explain.
+  state_sof: frameId -> the state's timestampSof, checked against the entries'."""
   seg_num = Counter(int(e.segmentNum) for e in entries).most_common(1)[0][0]  # entries of other numbers: frames in a neighbour's file
   sid_of: dict[int, int] = {}
   fid_of: dict[int, int] = {}
@@ -81,6 +105,8 @@ def _index_map(name: str, path: Path, states: list[tuple[int, int]], entries: li
     if sb <= sa:
       raise UserError(f"{rlog}: {service} is not in camera order (frame {fb} at video frame {sb}, before frame {fa} at {sa}); "
                       "the encode index is corrupt, so the frames cannot be paired")
+  if state_sof:
+    _check_index_times([e for e in entries if int(e.segmentNum) == seg_num], state_sof, rlog, service, state_svc)
   first_fid, first_sid = known[0]
   last_fid, last_sid = known[-1]
   if last_sid >= n_video:
@@ -125,12 +151,36 @@ def _order_map(name: str, path: Path, states: list[tuple[int, int]], n_video: in
   return StreamMap(name, path, False, {pos: k for k, (pos, _) in enumerate(states)}, n_video)
 
 
+def require_rlog(seg: Segment) -> Path:
+  """The segment's rlog; UserError naming what is there instead (a qlog is no substitute)."""
+  rlog = seg.log("rlog")
+  if rlog is None:
+    qlog = seg.log("qlog")
+    has = f" (it has {qlog.name} only)" if qlog is not None else ""
+    raise UserError(f"segment {seg.path} has no rlog{has}; replay needs every camera state, which a qlog decimates away: "
+                    "download the segment's rlog and fcamera.hevc (+ ecamera.hevc)")
+  return rlog
+
+
+def _check_not_decimated(rlog: Path, service: str, frame_ids: list[int], index_ids: list[int]) -> None:
+  """A qlog keeps one camera state in 20 (and every encode-index entry): renamed to rlog it would replay a handful of
+  steps, each after a gap, so no output at all. Real rlogs step their frameIds by 1 (a drop now and then) and have a
+  state for every encoded frame but those encoded into a neighbouring segment's file."""
+  steps = sorted(b - a for a, b in zip(frame_ids, frame_ids[1:]))
+  median = steps[(len(steps) - 1) // 2] if steps else 1
+  have = set(frame_ids)
+  without = sum(1 for f in index_ids if f not in have)
+  if median >= 2 or (len(index_ids) >= 4 and without > len(index_ids) // 2):
+    shown = ", ".join(map(str, frame_ids[:4])) + (", ..." if len(frame_ids) > 4 else "")
+    how = f"one every {median} camera frames" if median >= 2 else f"{len(frame_ids)} for {len(index_ids)} encoded frames"
+    raise UserError(f"{rlog}: its {service} messages are {how} (frames {shown}), not one per frame: this looks like a qlog "
+                    "(decimated) under an rlog's name; replay needs the segment's real rlog")
+
+
 def plan_segment(seg: Segment) -> SegmentPlan:
   """Read a segment's rlog and check it against its camera files (frame counts only; nothing is decoded yet)."""
   from selfdrive_glue.video import VideoReader
-  rlog = seg.log("rlog")
-  if rlog is None:
-    raise UserError(f"segment {seg.path} has no rlog; replay needs every camera state, which a qlog decimates away")
+  rlog = require_rlog(seg)
   reader = LogReader(rlog)
   events = [ev for ev, _ in reader.events_with_bytes()]
   damage = reader.damage
@@ -156,9 +206,11 @@ def plan_segment(seg: Segment) -> SegmentPlan:
       raise UserError(f"{path}: video is {vr.width}x{vr.height} but the log's {label} says {size[0]}x{size[1]}; "
                       "the camera file does not belong to this log")
     entries = [getattr(events[i], index_svc) for i in range(len(events)) if which[i] == index_svc]
+    _check_not_decimated(rlog, state_svc, [fid for _, fid in states], [int(e.frameId) for e in entries])
     n_video = vr.count()
     if entries:
-      maps[name] = _index_map(name, path, states, entries, n_video, damage is not None, rlog, index_svc)
+      state_sof = {int(getattr(events[i], state_svc).frameId): int(getattr(events[i], state_svc).timestampSof) for i, _ in states}
+      maps[name] = _index_map(name, path, states, entries, n_video, damage is not None, rlog, index_svc, state_sof, state_svc)
     else:
       maps[name] = _order_map(name, path, states, n_video, damage is not None, label)
   assert size is not None

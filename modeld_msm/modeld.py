@@ -298,22 +298,19 @@ def serve(opts: ServeOptions) -> int:
   return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+  # the same options and code as `modeld-msm serve` (modeld_msm/commands/serve.py): the launcher `install` writes runs this
   import argparse
-  logging.basicConfig(level=os.environ.get("LOGLEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-  p = argparse.ArgumentParser(prog="modeld")
-  p.add_argument("--artifact", default=os.environ.get("MODELD_ARTIFACT", str(DEFAULT_BUNDLE)),
-                 help=f"artifact dir or per-camera bundle (default $MODELD_ARTIFACT, else {DEFAULT_BUNDLE})")
-  p.add_argument("--car-params", help="serialized car.CarParams file")
-  p.add_argument("--demo", action="store_true", help="ignore Params and use demo car params")
-  a = p.parse_args()
+
+  from modeld_msm.commands import serve as command
+  p = argparse.ArgumentParser(prog="modeld", description=command.HELP)
+  command.add_arguments(p)
+  a = p.parse_args(argv)
   try:
-    return serve(ServeOptions(a.artifact, None if a.demo else a.car_params, realtime=True, use_params=not a.demo))
+    return command.run(a)
   except UserError as e:
     print(f"modeld: error: {e}", file=sys.stderr)
     return e.exit_code
-  except KeyboardInterrupt:
-    return 0   # stopped before the loop took SIGINT over, or while waiting for camerad: a clean stop
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ Messages are paired in log order and must be the same service. Every leaf field 
 device and build must give identical bytes), or within a relative tolerance (|a-b| <= tol * max(|a|,|b|), the
 dictdiffer rule openpilot uses) plus an optional absolute one. Ignored fields (default logMonoTime, frameDropPerc,
 modelExecutionTime) match by name at any depth, or by dotted prefix (`modelV2.leadsV3`).
+
+Both runs must be replays of one drive (DriveId): two drives differ in every field, which would read as a regression.
+A mismatch is refused (UserError) unless asked for (allow_different_drives), and then recorded on the result.
 """
 from __future__ import annotations
 
@@ -42,6 +45,9 @@ class CompareResult:
   structural: list[str] = field(default_factory=list)  # missing files, count or service mismatches
   fields: dict[str, FieldDiff] = field(default_factory=dict)
   damage: list[str] = field(default_factory=list)
+  name: str = ""  # the key of this pair in regress()'s messages
+  drives: tuple = ()  # (DriveId of NEW, DriveId of REF) when both logs were read
+  different_drives: list[str] = field(default_factory=list)  # mismatches compared anyway (allow_different_drives)
 
   @property
   def regression(self) -> bool:
@@ -180,22 +186,166 @@ def pairs(new: Path, ref: Path) -> Iterator[tuple[str, Path | None, Path | None]
 
 
 def regress(new: str | os.PathLike, ref: str | os.PathLike, tolerance: float = 0.0, abs_tolerance: float = 0.0,
-            ignore: tuple[str, ...] = DEFAULT_IGNORE) -> tuple[list[CompareResult], dict[str, tuple[list, list]]]:
-  """Compare; returns per-file results and the messages (for plotting) keyed by file name."""
+            ignore: tuple[str, ...] = DEFAULT_IGNORE, allow_different_drives: bool = False
+            ) -> tuple[list[CompareResult], dict[str, tuple[list, list]]]:
+  """Compare; returns per-file results and the messages (for plotting) keyed by file name. NEW and REF replayed from
+  different drives: UserError, or with allow_different_drives compared anyway and said in each result's different_drives."""
   if tolerance < 0 or abs_tolerance < 0:
     raise UserError("tolerances must be >= 0")
-  results, messages = [], {}
-  for name, pn, pr in pairs(Path(new), Path(ref)):
-    res = CompareResult(str(pn) if pn else f"(missing) {name}", str(pr) if pr else f"(missing) {name}")
+  results: list[CompareResult] = []
+  messages: dict[str, tuple[list, list]] = {}
+  listed = list(pairs(Path(new), Path(ref)))
+  only_new, only_ref = [k for k, pn, pr in listed if pr is None], [k for k, pn, pr in listed if pn is None]
+  disjoint = ""
+  if only_new and only_ref and len(only_new) + len(only_ref) == len(listed):
+    # replay names each output after its segment: two folders without a name in common hold replays of other segments
+    disjoint = f"NEW and REF share no log (NEW: {_names(only_new)}; REF: {_names(only_ref)}), so they are replays of different segments"
+    _refuse(disjoint, allow_different_drives)
+  for name, pn, pr in listed:
+    res = CompareResult(str(pn) if pn else f"(missing) {name}", str(pr) if pr else f"(missing) {name}", name=name)
+    if disjoint and not results:  # said once, on the first result
+      res.different_drives.append(disjoint)
     if pn is None or pr is None:
       res.structural.append(f"{name} is only in {'REF' if pn is None else 'NEW'}")
       results.append(res)
       continue
     mn, mr = read_messages(pn, res.damage), read_messages(pr, res.damage)
+    res.drives = (drive_id(pn, mn), drive_id(pr, mr))
+    why = drive_mismatch(*res.drives)
+    if why:
+      _refuse(f"{name}: NEW and REF are replays of different drives: {why}", allow_different_drives)
+      res.different_drives.append(why)
     compare_messages(mn, mr, res, tolerance, abs_tolerance, ignore)
     results.append(res)
     messages[name] = (mn, mr)
   return results, messages
+
+
+def _names(names: list[str], n: int = 3) -> str:
+  return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def _refuse(why: str, allowed: bool) -> None:
+  if not allowed:
+    raise UserError(f"{why}; compare two replays of one drive, or pass --allow-different-drives to compare them anyway")
+
+
+# ---- which drive -------------------------------------------------------------------------------------------------------
+@dataclass
+class DriveId:
+  """What a replay output records of the drive it came from. The log: each modelV2 frameId with its road camera frame's
+  timestampEof, the camera's own clock (two real drives never share it; replay copies it from the camera state, so the
+  model cannot change it). The accuracy sidecar replay writes beside it: the segment name, and for a synthetic drive the
+  scene seed and camera, the one thing that tells two synthetic drives of one length apart (their frames and clocks match).
+  replay --engine ray's sidecar: the segment's path."""
+  log: str
+  frames: dict[int, int]  # frameId -> timestampEof [ns]
+  segment: str | None = None
+  seed: int | None = None
+  camera: str | None = None
+
+  def describe(self) -> str:
+    where = f"segment {self.segment}" if self.segment else self.log
+    return where + (f" (synthetic drive, seed {self.seed}, {self.camera})" if self.seed is not None else "")
+
+
+def drive_id(log: Path, msgs: list[tuple[str, dict]]) -> DriveId:
+  from modeld_msm import replay_store as store
+  from modeld_msm.replay_accuracy import sidecar_path
+  frames = {int(f["modelV2.frameId"]): int(f.get("modelV2.timestampEof", 0)) for w, f in msgs if w == "modelV2" and "modelV2.frameId" in f}
+  d = DriveId(str(log), frames)
+  try:
+    doc = json.loads(sidecar_path(log).read_text())
+  except (OSError, ValueError):
+    doc = None  # none (not synthetic), or unreadable: the accuracy lines say so
+  if isinstance(doc, dict):
+    d.segment = str(doc["segment"]) if isinstance(doc.get("segment"), str) else None
+    truth = doc.get("truth")
+    if isinstance(truth, dict) and isinstance(truth.get("seed"), int):
+      d.seed, d.camera = truth["seed"], str(truth.get("camera"))
+  meta = store.read_meta(log)
+  if d.segment is None and meta and isinstance(meta.get("segment"), str):
+    d.segment = Path(meta["segment"]).name
+  return d
+
+
+def _frames_mismatch(a: dict[int, int], b: dict[int, int], na: str, nb: str) -> str | None:
+  """Two frameId -> timestampEof maps of one drive share frames, and their clocks agree. Only when no shared frame agrees
+  is it another drive: one frame's time changed is a difference the field comparison reports."""
+  if not a or not b:
+    return None
+  common = sorted(set(a) & set(b))
+  if not common:
+    return f"no camera frame in common ({na} frames {min(a)}-{max(a)}, {nb} frames {min(b)}-{max(b)})"
+  if all(a[f] != b[f] for f in common):
+    f = common[0]
+    return f"camera frame {f} ended at {a[f]} ns in {na} but at {b[f]} ns in {nb}, and no other shared frame agrees"
+  return None
+
+
+def drive_mismatch(new: DriveId, ref: DriveId) -> str | None:
+  """Why NEW and REF are not replays of one drive, or None. Segment names alone decide nothing (a copied segment is the
+  same drive under another name); they are named in the message."""
+  if new.seed is not None and ref.seed is not None and (new.seed, new.camera) != (ref.seed, ref.camera):
+    return f"NEW is from {new.describe()}, REF from {ref.describe()}"
+  why = _frames_mismatch(new.frames, ref.frames, "NEW", "REF")
+  return f"NEW is from {new.describe()}, REF from {ref.describe()}: {why}" if why else None
+
+
+def segment_drive(seg) -> DriveId | None:
+  """What the segment says of its drive, like drive_id of an output: its road camera states' frameIds and timestampEof,
+  and, where its initData says synth wrote it, the scene seed (dongleId) and camera (sensor). None without an rlog."""
+  from modeld_msm.frame_map import SENSOR_SIZES
+  from modeld_msm.replay_accuracy import SYNTH_BRANCH, SYNTH_VERSION
+  rlog = seg.log("rlog")
+  if rlog is None:
+    return None
+  d = DriveId(str(seg.path), {}, seg.name)
+  seed = sensor = None
+  for i, ev in enumerate(LogReader(rlog)):
+    which = ev.which()
+    if i == 0 and which == "initData" and (str(ev.initData.version), str(ev.initData.gitBranch)) == (SYNTH_VERSION, SYNTH_BRANCH):
+      try:
+        seed = int(str(ev.initData.dongleId), 16)
+      except ValueError:
+        pass  # an edited synth log: the accuracy lines say so; the frames still decide
+    elif which == "roadCameraState":
+      st = ev.roadCameraState
+      sensor = sensor or str(st.sensor)
+      d.frames[int(st.frameId)] = int(st.timestampEof)
+  if seed is not None and sensor in SENSOR_SIZES:
+    d.seed, d.camera = seed, "{}x{}".format(*SENSOR_SIZES[sensor])
+  return d
+
+
+def segment_mismatch(seg, drive: DriveId) -> str | None:
+  """Why segment `seg` is not the drive `drive` was replayed from, or None: its synthetic seed, or its road camera states'
+  frameIds and timestampEof, against what the output records."""
+  sd = segment_drive(seg)
+  if sd is None:
+    return None
+  if sd.seed is not None and drive.seed is not None and (sd.seed, sd.camera) != (drive.seed, drive.camera):
+    return f"it is synthetic drive seed {sd.seed}, {sd.camera}; {drive.log} is from {drive.describe()}"
+  return _frames_mismatch(drive.frames, sd.frames, drive.log, "the segment")
+
+
+def check_segments(results: list[CompareResult], seg_of: dict, given=(), allow_different_drives: bool = False) -> None:
+  """Refuse (UserError) a segment that is not the drive of both runs of its log (report.find_segments' log name ->
+  segment); with allow_different_drives the mismatch goes into the result's different_drives instead."""
+  given_paths = {Path(s.path).resolve() for s in given}
+  for res in results:
+    seg = seg_of.get(res.name)
+    if seg is None or not res.drives:
+      continue
+    for run, drive in zip(("NEW", "REF"), res.drives):
+      why = segment_mismatch(seg, drive)
+      if not why:
+        continue
+      origin = "--segment" if Path(seg.path).resolve() in given_paths else "the segment recorded beside the output,"
+      msg = f"{origin} {seg.path} is not the drive {run} {drive.log} was replayed from: {why}"
+      if not allow_different_drives:
+        raise UserError(f"{msg}; pass that drive's segment, or --allow-different-drives to use this one anyway")
+      res.different_drives.append(msg)
 
 
 def summary_lines(results: list[CompareResult], n: int = 10) -> list[str]:
@@ -206,6 +356,8 @@ def summary_lines(results: list[CompareResult], n: int = 10) -> list[str]:
       lines.append(f"STRUCTURE {Path(r.new).name}: {s}")
     for d in r.damage:
       lines.append(f"DAMAGED   {d}")
+    for d in dict.fromkeys(r.different_drives):
+      lines.append(f"WARNING   {r.name or Path(r.new).name}: different drives, compared anyway: {d}")
     for f in r.fields.values():
       g = fields.setdefault(f.path, FieldDiff(f.path))
       g.compared += f.compared
@@ -273,7 +425,8 @@ def write_report(report_dir: str | os.PathLike, results: list[CompareResult], me
   txt += regress_lines(list(accuracy))
   write_atomic(out / "report.txt", "\n".join([f"{verdict} (tolerance {tolerance}, ignoring {', '.join(ignore)})", *txt]) + "\n")
   data = [{"new": r.new, "ref": r.ref, "regression": r.regression, "messages_new": r.messages_new, "messages_ref": r.messages_ref,
-           "structural": r.structural, "damage": r.damage, "worst": [asdict(f) for f in r.worst(30)]} for r in results]
+           "structural": r.structural, "damage": r.damage,
+           "different_drives": r.different_drives, "worst": [asdict(f) for f in r.worst(30)]} for r in results]
   write_atomic(out / "report.json", json.dumps({"verdict": verdict, "tolerance": tolerance, "ignore": list(ignore), "files": data,
                                                "accuracy": regress_json(list(accuracy))}, indent=1))
   written += [out / "report.txt", out / "report.json"]

@@ -51,6 +51,8 @@ class ReplayResult:
   skipped: int = 0  # camera states without an encoded frame (not shown to the model)
   recovered: int = 0  # states whose missing encode-index entry was recovered from the entries around it
   start: str = "fresh"  # the model state the segment started from (fresh, warm-up, or carried from the previous segment)
+  video_damage: str | None = None  # what the decoder reported about damaged camera files (which frames), one line per file
+  damaged_frames: int = 0  # frames the decoder reported errors for, all camera files together
 
   @property
   def fps(self) -> float:
@@ -59,8 +61,9 @@ class ReplayResult:
   def summary(self) -> str:
     skipped = f"; {self.skipped} camera state(s) without an encoded frame skipped" if self.skipped else ""
     recovered = f"; {self.recovered} lost index entr{'y' if self.recovered == 1 else 'ies'} recovered" if self.recovered else ""
+    damaged = f"; DAMAGED VIDEO: decode errors in {self.damaged_frames} frame(s)" if self.video_damage else ""
     return (f"{self.segment}: {self.frames} frames, {self.events_out} events -> {self.out}  ({self.fps:.1f} frames/s)  "
-            f"frames by {self.mapping}{skipped}{recovered}; start: {self.start}")
+            f"frames by {self.mapping}{skipped}{recovered}; start: {self.start}{damaged}")
 
 
 class _LogClock:
@@ -115,6 +118,7 @@ class Replayer:
     self.core: Any = None
     self.rings: dict[tuple[str, tuple[int, int]], list[np.ndarray]] = {}  # fixed buffers, so the model's per-buffer tensors are reused
     self.last: Segment | None = None  # the segment whose state the core holds (after a complete replay)
+    self.video_reports: list[tuple[str, int]] = []  # the last _run's decoder reports: (line, damaged frames) per camera file
 
   def _ring(self, name: str, size: tuple[int, int]) -> list[np.ndarray]:
     from selfdrive_glue.nv12 import nv12_info
@@ -147,7 +151,8 @@ class Replayer:
         self.core.on_message(ev)
 
   def _run(self, plan: SegmentPlan, start: int, writer: LogWriter | None, on_frame: Callable[[int, int], None] | None) -> tuple[int, int]:
-    """Feed plan.events[start:] to the core; -> (steps, published). Outputs go to writer (None: thrown away)."""
+    """Feed plan.events[start:] to the core; -> (steps, published). Outputs go to writer (None: thrown away). What the
+    decoder reported about the camera files is left in self.video_reports (DecodeReport.describe lines, frames)."""
     from modeld_msm.core import Frame
     core, clock = self.core, self.clock
     starts = {m.name: min((v for p, v in m.frame_of.items() if p >= start), default=0) for m in plan.streams()}
@@ -186,6 +191,14 @@ class Replayer:
       pending.clear()
       if on_frame is not None:
         on_frame(steps, total)
+    self.video_reports = []
+    for m in plan.streams():
+      svc = "roadCameraState" if m.name == "road" else "wideRoadCameraState"
+      camera_frame = {v: int(getattr(plan.events[p], svc).frameId) for p, v in m.frame_of.items()}
+      rep = frames[m.name].reader.report
+      line = rep.describe(camera_frame)
+      if line is not None:
+        self.video_reports.append((line, sum(1 for f in rep.errors if f < rep.decoded)))
     return steps, published
 
   def _warm_up(self, prev: Segment, steps: int, car_params) -> str:
@@ -234,10 +247,16 @@ class Replayer:
     with LogWriter(out) as w:
       steps, published = self._run(plan, 0, w, on_frame)
       n_out = w.count
+      if not published:
+        # an output log without a single model output would pass for a replay (and `regress` would compare nothing)
+        raise UserError(f"segment {seg.path}: {steps} model step(s) but not one model output (a step right after a gap in the camera "
+                        f"frames only fills the image queues; {len(plan.road_steps)} road camera state(s) had a picture); nothing written")
     self.last = seg
+    reports = self.video_reports
     return ReplayResult(segment=seg.name, out=out, frames=steps, published=published, events_in=len(plan.events), events_out=n_out,
                         seconds=time.perf_counter() - t_start, damage=plan.damage, mapping=plan.mapping,
-                        skipped=sum(m.skipped for m in plan.streams()), recovered=sum(m.recovered for m in plan.streams()), start=start)
+                        skipped=sum(m.skipped for m in plan.streams()), recovered=sum(m.recovered for m in plan.streams()), start=start,
+                        video_damage="; ".join(line for line, _ in reports) or None, damaged_frames=sum(n for _, n in reports))
 
 
 def replay_segment(seg: str | os.PathLike | Segment, artifact: str | os.PathLike, out: str | os.PathLike,
@@ -255,6 +274,9 @@ def output_paths(segments: list[Segment], out: str | os.PathLike) -> list[Path]:
   if log_name and not out.is_dir():
     raise UserError(f"-o {out} names one log file but there are {len(segments)} segments; pass a directory")
   if out.exists() and not out.is_dir():
+    if len(segments) == 1:
+      raise UserError(f"-o {out} is an existing file that is not named like a log; name the output log .zst or .bz2, or pass a "
+                      "directory (it then gets <segment>.zst)")
     raise UserError(f"-o {out} is a file; with several segments -o must be a directory")
   names = [s.name for s in segments]
   dupes = sorted({n for n in names if names.count(n) > 1})

@@ -264,7 +264,8 @@ class RunAccuracy:
   log: str
   new: dict | None = None  # summaries; None when that run could not be evaluated (see note)
   ref: dict | None = None
-  source: str = ""
+  new_source: str = ""  # the truth each run was held to: its own sidecar's, else where it was borrowed from
+  ref_source: str = ""
   notes: list[str] = field(default_factory=list)
 
 
@@ -301,8 +302,9 @@ def regress_accuracy(messages: dict[str, tuple[list, list]], new: Path, ref: Pat
       except UserError as e:
         row.notes.append(f"{run}: {e}")
         sources[run] = recorded[run] = None
-    fallback = sources["NEW"] or sources["REF"]
+    fallback, origin = (sources["NEW"], "NEW's record") if sources["NEW"] else (sources["REF"], "REF's record")
     if fallback is None and name in seg_of:
+      origin = f"segment {seg_of[name].name}"
       try:
         fallback = segment_source(seg_of[name])
       except UserError as e:
@@ -312,17 +314,18 @@ def regress_accuracy(messages: dict[str, tuple[list, list]], new: Path, ref: Pat
         rows.append(row)
       continue  # not synthetic (or not known to be): no accuracy, and no line
     for run, msgs in (("NEW", mn), ("REF", mr)):
+      # each run is labelled with the truth it was held to: the two runs may come from different drives
+      source = sources[run] or fallback
+      setattr(row, f"{run.lower()}_source", source.describe() + ("" if sources[run] else f" (from {origin})"))
       if recorded[run] is not None:  # replay computed it for these very bytes: ~8 ms a frame saved per run
         setattr(row, run.lower(), recorded[run])
         continue
-      source = sources[run] or fallback
       try:
         s = evaluate(source, outputs_from_messages(msgs), f"{run} {logs[run]}").summary
       except UserError as e:
         row.notes.append(str(e))
         continue
       setattr(row, run.lower(), s)
-    row.source = fallback.describe()
     rows.append(row)
   return rows
 
@@ -333,14 +336,14 @@ def regress_lines(rows: list[RunAccuracy]) -> list[str]:
     for run in ("NEW", "REF"):
       s = getattr(r, run.lower())
       if s is not None:
-        lines.append(f"ACCURACY  {r.log} {run}: {describe(s)}  [{r.source}]")
+        lines.append(f"ACCURACY  {r.log} {run}: {describe(s)}  [{getattr(r, run.lower() + '_source')}]")
     for n in r.notes:
       lines.append(f"ACCURACY  {r.log}: {n}")
   return lines
 
 
 def regress_json(rows: list[RunAccuracy]) -> list[dict]:
-  return [{"log": r.log, "source": r.source, "notes": r.notes,
+  return [{"log": r.log, "source": {"new": r.new_source, "ref": r.ref_source}, "notes": r.notes,
            **{run: None if s is None else {k: json_number(v) for k, v in s.items()} for run, s in (("new", r.new), ("ref", r.ref))}} for r in rows]
 
 
@@ -356,12 +359,12 @@ def regress_html(rows: list[RunAccuracy]) -> str:
   body = []
   for r in rows:
     for run in ("NEW", "REF"):
-      s = getattr(r, run.lower())
+      s, source = getattr(r, run.lower()), getattr(r, run.lower() + "_source")
       # "meets"/"misses", not PASS/FAIL: whether NEW matches REF is the verdict above; this is each run against the road
       status, colour = ("n/a", "#888") if s is None else (("meets", "#2e7d32") if s["passes"] else ("misses", "#c62828"))
       body.append(f'<tr><td style="background: {colour}; color: white">{status}</td><td>{html.escape(r.log)} {run}</td>'
                   f"<td>{cell(s, 'lane_error_m_p50', '.3f')}</td><td>{cell(s, 'lane_error_m_p90', '.3f')}</td>"
-                  f"<td>{cell(s, 'curvature_corr', '.3f')}</td><td>{cell(s, 'frames', 'd')}</td><td>{html.escape(r.source)}</td></tr>")
+                  f"<td>{cell(s, 'curvature_corr', '.3f')}</td><td>{cell(s, 'frames', 'd')}</td><td>{html.escape(source)}</td></tr>")
   notes = "".join(f"<li>{html.escape(r.log)}: {html.escape(n)}</li>" for r in rows for n in r.notes)
   return (f"<h2>Ground truth</h2><p>Synthetic segments: each run's outputs against the road the renderer drew. Limits: lane error "
           f"at 20 m p50 &le; {LANE_ERROR_LIMIT_M} m, curvature r &ge; {CURVATURE_CORR_LIMIT}.</p>"

@@ -43,9 +43,8 @@ def _cached_digest(path: Path) -> str:
 
 def segment_digest(seg: Segment) -> str:
   """sha256 over the files replay reads: the rlog and the road/wide camera files (the qlog and qcamera do not matter)."""
-  rlog = seg.log("rlog")
-  if rlog is None:
-    raise UserError(f"segment {seg.path} has no rlog; replay needs every camera state, which a qlog decimates away")
+  from modeld_msm.frame_map import require_rlog
+  rlog = require_rlog(seg)
   h = hashlib.sha256()
   for name, p in (("rlog", rlog), (ROAD_CAMERA, seg.camera(ROAD_CAMERA)), (WIDE_CAMERA, seg.camera(WIDE_CAMERA))):
     if p is not None:

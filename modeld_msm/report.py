@@ -307,6 +307,7 @@ def write_html(report_dir: Path, new: Path, ref: Path, results: list[CompareResu
                 f"<td>{f.max_abs:.4g}</td><td>{f.max_rel:.3g}</td></tr>")
   structural = [f"<li>{html.escape(Path(r.new).name)}: {html.escape(s)}</li>" for r in results for s in r.structural]
   structural += [f"<li>damaged: {html.escape(d)}</li>" for r in results for d in r.damage]
+  structural += [f"<li>different drives, compared anyway: {html.escape(d)}</li>" for r in results for d in dict.fromkeys(r.different_drives)]
   n_fail = sum(1 for f in fields if f.failed)
   differing = {Path(r.new).name for r in results if r.regression}
   series = "".join(f'<figure><img src="{p.name}" alt="{html.escape(n)}"><figcaption>{html.escape(n)}</figcaption></figure>'

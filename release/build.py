@@ -23,6 +23,7 @@ from typing import Any
 from release.bundle import BUNDLE_FILE, SMOKE_DIR, tree_size
 from release.smoke import SMOKE_FRAMES
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import check_replaceable
 from selfdrive_glue.nv12 import CAMERA_SIZES
 
 
@@ -35,6 +36,7 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
   if sign_key is not None:
     signing.load_private(sign_key)  # a bad key is refused now, not after minutes of compiling
   out = Path(out)
+  check_replaceable(out, {BUNDLE_FILE: "artifacts"}, "release bundle of ours", (vision, policy) + ((sign_key,) if sign_key else ()))
   parent = out.resolve().parent
   parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))

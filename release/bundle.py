@@ -71,12 +71,36 @@ def verify_bundle(path: str | os.PathLike, device: str | None = None, cameras: l
   if device is not None and b.device != device:
     raise UserError(f"bundle {path} is for device {b.device}, not {device}; build one with `modeld-msm release --device {device}`")
   for cam in cameras or b.cameras:
+    parse_camera(cam)   # a size no camera makes is a typo, not a bundle to rebuild
     if cam not in b.index["artifacts"]:
       raise UserError(f"bundle {path} has no artifact for camera {cam} (it has {', '.join(b.cameras)}); {RELEASE_HINT} with --camera {cam}")
     b.artifacts[cam] = verify_artifact(path / cam, device=b.device, camera=parse_camera(cam), pubkey=pubkey)
     if smoke or (smoke is None and b.index["artifacts"][cam].get("smoke")):
       check_smoke_files(b, cam)
   return b
+
+
+def sign_bundle(path: str | os.PathLike, key: Path) -> list[tuple[Path, str]]:
+  """Sign an artifact or every artifact of a bundle (compile.artifact.sign_tree), and record the signer in the bundle.json
+  that lists them (the bundle's own, or the one above a single artifact of a bundle): release and install read who signed
+  from there, so a re-signed bundle must not keep naming the old key. -> (artifact, key id) for each one signed."""
+  from compile.artifact import MANIFEST, sign_tree
+  from selfdrive_glue.files import write_atomic
+  path = Path(path)
+  index_dir = path if (path / BUNDLE_FILE).exists() else path.parent if (path / MANIFEST).exists() and (path.parent / BUNDLE_FILE).exists() else None
+  index = read_index(index_dir) if index_dir is not None else None   # an unreadable index is refused before anything is signed
+  signed = sign_tree(path, key)
+  if index is not None and index_dir is not None:
+    entries = index["artifacts"]
+    recorded = False
+    for art, kid in signed:
+      entry = entries.get(art.name) if art.resolve().parent == index_dir.resolve() else None
+      if isinstance(entry, dict):
+        entry["signed_by"] = kid
+        recorded = True
+    if recorded:
+      write_atomic(index_dir / BUNDLE_FILE, json.dumps(index, indent=1))
+  return signed
 
 
 def check_smoke_files(b: Bundle, camera: str) -> dict[str, str]:

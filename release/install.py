@@ -209,17 +209,49 @@ def read_state(root: Path) -> dict[str, Any] | None:
   return state
 
 
+def installed_pubkey(root: Path, state: dict[str, Any] | None, pubkey: str | os.PathLike | None, drop_pubkey: bool) -> tuple[Path | None, bool]:
+  """The public key this install checks the bundle with and installs, and whether it is the one an earlier install left.
+
+  A key once installed stays until the user drops it by name: an install without --pubkey is most often just a new
+  bundle, and quietly turning signature checking off on the car for it would undo what the first install asked for."""
+  if pubkey is not None and drop_pubkey:
+    raise UserError("--pubkey and --drop-pubkey exclude each other; pass --pubkey KEY to require that key, or --drop-pubkey alone "
+                    "to turn signature checking off")
+  if pubkey is not None:
+    return Path(pubkey), False
+  if state is None or not state.get("pubkey") or drop_pubkey:
+    return None, False
+  kept = root / INSTALL_REL / PUBKEY
+  if not kept.is_file():
+    raise UserError(f"{INSTALL_REL}/{STATE} says modeld checks signatures with {kept}, but that file is gone; pass --pubkey KEY to "
+                    "install the release key again, or --drop-pubkey to turn signature checking off")
+  return kept, True
+
+
 def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str | None = None, allow_cpu: bool = False,
-            pubkey: str | os.PathLike | None = None, dry_run: bool = False, log=print) -> str:
-  """-> "installed", "updated" (another bundle or launcher, same table edit), "unchanged", or "dry run"."""
+            pubkey: str | os.PathLike | None = None, dry_run: bool = False, log=print, drop_pubkey: bool = False) -> str:
+  """-> "installed", "updated" (another bundle or launcher, same table edit), "unchanged", or "dry run".
+
+  Without `pubkey`, a key installed before is kept (the bundle must pass it); `drop_pubkey` removes it."""
   from compile.artifact import swap_in_dir
+  from compile.signing import SignatureError, key_id, load_public
   root, bundle = Path(openpilot).resolve(), Path(bundle).resolve()
   check_openpilot(root)
-  b = verify_bundle(bundle, pubkey=pubkey, smoke=None)
+  state = read_state(root)
+  pubkey, kept = installed_pubkey(root, state, pubkey, drop_pubkey)
+  try:
+    b = verify_bundle(bundle, pubkey=pubkey, smoke=None)
+  except SignatureError as e:
+    if not kept:
+      raise
+    why = str(e).split(";")[0]
+    raise UserError(f"modeld-msm in {root} requires artifacts signed by key {key_id(load_public(str(pubkey)))} ({pubkey}, kept from an earlier "
+                    f"`install --pubkey`), and bundle {bundle} fails that check ({why}); sign it with that key (`modeld-msm sign`), "
+                    "pass --pubkey for another key, or --drop-pubkey to turn signature checking off") from None
   if b.device != "QCOM" and not allow_cpu:
     raise UserError(f"bundle {bundle} is for {b.device}; the car runs QCOM bundles (`modeld-msm release --device QCOM`); "
                     "pass --allow-cpu to install a CPU bundle anyway (openpilot on a PC)")
-  state = read_state(root)
+  dropping = drop_pubkey and state is not None and bool(state.get("pubkey"))
   table = root / PROCESS_CONFIG
   data = table.read_bytes()
   entry = find_modeld(data, str(PROCESS_CONFIG))
@@ -244,9 +276,12 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
       return "unchanged"
   what = "replace the installed bundle with" if state is not None else "copy"
   size = tree_size(bundle)
+  key_note = (f"keep the installed public key {d / PUBKEY}: every artifact must be signed by it" if kept else
+              f"REMOVE the installed public key {d / PUBKEY}: modeld will no longer check artifact signatures" if dropping else "")
   if dry_run:
     log(f"dry run, nothing changed. install would:\n  {what} {bundle} ({b.device}; {', '.join(b.cameras)}; {human_size(size)}) "
-        f"-> {d / BUNDLE_DIR}\n  write {d / LAUNCHER} (exec {python} -m modeld_msm.modeld), {STATE}, {ORIGINAL}")
+        f"-> {d / BUNDLE_DIR}\n  write {d / LAUNCHER} (exec {python} -m modeld_msm.modeld), {STATE}, {ORIGINAL}"
+        + (f"\n  {key_note}" if key_note else ""))
     diff = unified_diff(data, new_table, PROCESS_CONFIG)
     log(diff if diff else f"  leave {PROCESS_CONFIG} as it is (it already runs {INSTALL_REL})")
     return "dry run"
@@ -292,6 +327,11 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
       raise
     log(unified_diff(data, new_table, PROCESS_CONFIG))
   result = "updated" if state is not None else "installed"
+  if dropping:
+    log(f"warning: --drop-pubkey: removed the public key from {d}; modeld in {root} now accepts unsigned artifacts "
+        "(install again with --pubkey KEY to check signatures)")
+  elif kept:
+    log(f"kept the installed public key {d / PUBKEY}: modeld accepts only artifacts signed by it (--drop-pubkey removes it)")
   log(f"modeld-msm {result} in {root}: openpilot's manager runs {d / LAUNCHER} (python -m modeld_msm.modeld) as modeld, "
       f"serving {d / BUNDLE_DIR} ({b.device}; {', '.join(b.cameras)})")
   return result

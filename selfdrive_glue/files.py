@@ -31,3 +31,31 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) 
     f.write(data.encode() if isinstance(data, str) else data)
     f.flush()
     os.fsync(f.fileno())
+
+
+def check_replaceable(path: str | os.PathLike, markers: dict[str, str], what: str, inputs: tuple[str | os.PathLike, ...] = ()) -> None:
+  """Refuse, before any work, to replace `path` whole unless it is absent, an empty folder, or a folder of ours: one holding a
+  marker file (name -> a key its JSON must have) that the tool wrote. A user's folder of models and notes is never ours to
+  delete, and neither is a folder that holds one of the inputs."""
+  from selfdrive_glue.errors import UserError
+  path = Path(path)
+  for src in inputs:
+    s, p = Path(src).resolve(), path.resolve()
+    if s == p or p in s.parents:
+      raise UserError(f"the input {src} lies inside the output folder {path}, which is replaced whole; write to another -o")
+  if not path.exists() and not path.is_symlink():
+    return
+  if not path.is_dir():
+    raise UserError(f"output path {path} exists and is not a folder; choose another -o")
+  if not any(path.iterdir()):
+    return
+  import json
+  for name, key in markers.items():
+    try:
+      doc = json.loads((path / name).read_text())
+      if isinstance(doc, dict) and key in doc:
+        return
+    except (OSError, ValueError, TypeError):
+      continue
+  raise UserError(f"output folder {path} is not empty and holds no {what} ({' or '.join(markers)}): it would be replaced whole; "
+                  "choose an empty or new folder for -o")

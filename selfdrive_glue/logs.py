@@ -42,21 +42,48 @@ def compression_of(path: Path, head: bytes) -> str:
   return "none"
 
 
+CHUNK = 64 << 10  # compressed bytes fed at a time
+FINE_CHUNK = 256  # ... and again, from the frame's start, after damage: a failing call loses all it decoded
+
+
+def _one_frame(mv: memoryview, pos: int, d, chunk: int, errors: tuple[type[Exception], ...]) -> tuple[list[bytes], int, Exception | None]:
+  """Feed the frame starting at `pos` to the fresh decompressor `d` until its end -> (output, where its data ends, error).
+  On an error the position is where the failing piece starts."""
+  out: list[bytes] = []
+  while not d.eof and pos < len(mv):
+    piece = mv[pos:pos + chunk]
+    try:
+      out.append(d.decompress(piece))
+    except errors as e:
+      return out, pos, e
+    pos += len(piece)
+  return out, pos - len(d.unused_data) if d.eof else pos, None  # read past the frame's end: the rest is the next frame
+
+
 def _decompress_frames(data: bytes, new_decompressor, errors: tuple[type[Exception], ...], magic: bytes, name: str) -> tuple[bytes, str | None]:
-  """Concatenated compressed frames (what appending writers produce) -> (bytes, damage or None); a bad frame keeps the prefix."""
-  out, pos = [], 0
+  """Concatenated compressed frames (what appending writers produce) -> (bytes, damage or None).
+
+  Fed in chunks, so damage keeps what decompresses before it: a decompressor that fails throws away all it decoded in
+  that call, and handed the whole file it would lose the readable part along with the damaged block."""
+  out: list[bytes] = []
+  pos = 0
+  mv = memoryview(data)
   while pos < len(data):
     d = new_decompressor()
-    try:
-      out.append(d.decompress(data[pos:]))
-    except errors as e:
-      return b"".join(out), f"{name} stream corrupt after {sum(map(len, out))} bytes ({e})"
+    got, end, err = _one_frame(mv, pos, d, CHUNK, errors)
+    if err is not None:
+      d = new_decompressor()
+      got, end, err = _one_frame(mv, pos, d, FINE_CHUNK, errors)
+      if err is not None:
+        out += got
+        return b"".join(out), (f"{name} stream corrupt ({err}; found at compressed byte {end} of {len(data)}) after {sum(map(len, out))} "
+                               "good decompressed bytes")
+    out += got
     if not d.eof:
       return b"".join(out), f"{name} stream truncated after {sum(map(len, out))} decompressed bytes"
-    rest = d.unused_data
-    pos = len(data) - len(rest)
-    if rest and not rest.startswith(magic):
-      return b"".join(out), f"{len(rest)} bytes of non-{name} data after the stream"
+    pos = end
+    if pos < len(data) and not data.startswith(magic, pos):
+      return b"".join(out), f"{len(data) - pos} bytes of non-{name} data after the stream"
   return b"".join(out), None
 
 
@@ -114,7 +141,16 @@ class LogReader:
     self.damage: str | None = damage or split_damage
     if not self._events and self.damage:
       raise UserError(f"{self.path}: no readable events ({self.damage}); the file is not an openpilot log or is damaged from the start")
+    self._stream_damage = damage
+    if damage is not None:
+      # how much of a damaged file is still there: the events split cleanly before the damage (parsing may stop earlier)
+      kept = sum(len(mv) for mv in self._events)
+      self.damage = f"{damage}; recovered {len(self._events)} events ({kept} bytes) before it, the rest of the file is lost"
     self.unknown = 0
+
+  def _corrupt_event(self, i: int, e: Exception) -> str:
+    also = f"; the {self._stream_damage}" if self._stream_damage else ""
+    return f"event {i} of {len(self._events)} is corrupt ({str(e).splitlines()[0][:120]}); stopped there, {i} events read{also}"
 
   def raw_events(self) -> Iterator[bytes]:
     """Each Event's exact bytes, without parsing."""
@@ -141,7 +177,7 @@ class LogReader:
         ev = log_from_bytes(b)
         check_pointers(b)  # every pointer in bounds: corrupt data fails here rather than in the caller (not total_size: it aborts)
       except (BadMessage, capnp.KjException, ValueError) as e:
-        self.damage = f"event {i} of {len(self._events)} is corrupt ({str(e).splitlines()[0][:120]}); stopped there"
+        self.damage = self._corrupt_event(i, e)
         return
       try:
         ev.which()
@@ -151,7 +187,7 @@ class LogReader:
       try:
         member_of(ev)
       except (capnp.KjException, ValueError) as e:   # a member pointer of the wrong kind
-        self.damage = f"event {i} of {len(self._events)} is corrupt ({str(e).splitlines()[0][:120]}); stopped there"
+        self.damage = self._corrupt_event(i, e)
         return
       yield ev, b
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -79,6 +81,77 @@ def frame_to_venus(frame: av.VideoFrame, out: np.ndarray | None = None) -> np.nd
   return out
 
 
+@contextmanager
+def _decoder_messages() -> Iterator[list[tuple[int, str, str]]]:
+  """FFmpeg's warnings and errors while the body runs, collected instead of dropped. PyAV discards all of FFmpeg's messages
+  unless a level is set, so it is raised for the body only, and repeats are not folded into a later "repeated N times" line
+  (each packet gets its own)."""
+  level, skip = av.logging.get_level(), av.logging.get_skip_repeated()
+  raise_level = level is None or level < av.logging.WARNING
+  if raise_level:
+    av.logging.set_level(av.logging.WARNING)
+  av.logging.set_skip_repeated(False)
+  logs: list[tuple[int, str, str]] = []
+  try:
+    with av.logging.Capture(local=False) as got:  # not local: slice threads log from their own threads
+      yield logs
+  finally:
+    av.logging.set_skip_repeated(skip)
+    if raise_level:
+      av.logging.set_level(level)
+  logs.extend(m for m in got if m[0] <= av.logging.WARNING)
+
+
+@dataclass
+class DecodeReport:
+  """What the decoder said about one pass over a camera file: frames whose packet it reported errors for (it conceals
+  them: the picture is partly made up), frames it gave nothing for (lost), and where the keyframes are (a damaged frame
+  spoils every frame predicted from it, up to the next keyframe)."""
+  path: Path
+  errors: dict[int, list[str]] = field(default_factory=dict)  # frame index -> the decoder's messages about its packet
+  lost: list[int] = field(default_factory=list)
+  keyframes: list[int] = field(default_factory=list)
+  decoded: int = 0  # frames read so far (index of the last one + 1)
+
+  def __bool__(self) -> bool:
+    return bool(self.errors)
+
+  def affected(self) -> list[tuple[int, int]]:
+    """Ranges [first, last] of frames that are damaged or predict from a damaged frame, among the frames read."""
+    out: list[tuple[int, int]] = []
+    for f in sorted(self.errors):
+      if f >= self.decoded:
+        continue
+      end = min([k - 1 for k in self.keyframes if k > f] + [self.decoded - 1])
+      if out and f <= out[-1][1] + 1:
+        out[-1] = (out[-1][0], max(out[-1][1], end))
+      else:
+        out.append((f, end))
+    return out
+
+  def describe(self, camera_frame: dict[int, int] | None = None) -> str | None:
+    """One line for the user, or None when the decoder said nothing. camera_frame: video frame index -> camera frameId."""
+    bad = [f for f in sorted(self.errors) if f < self.decoded]
+    if not bad:
+      return None
+
+    def frames(ix: list[int]) -> str:
+      shown = ", ".join(map(str, ix[:12])) + (f" and {len(ix) - 12} more" if len(ix) > 12 else "")
+      ids = [camera_frame[i] for i in ix[:12] if camera_frame and i in camera_frame]
+      return shown + (f" = camera frames {', '.join(map(str, ids))}{', ...' if len(ix) > 12 else ''}" if ids else "")
+    first = self.errors[bad[0]][0]
+    first = first if len(first) <= 80 else first[:77] + "..."
+    lost = [f for f in self.lost if f < self.decoded]
+    n_aff = sum(b - a + 1 for a, b in self.affected())
+    ranges = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in self.affected())
+    msg = (f"{self.path.name} is damaged: the decoder reported errors in {len(bad)} of {self.decoded} frames (video frames {frames(bad)}; "
+           f"first: {first!r}) and concealed them")
+    if lost:
+      msg += f"; {len(lost)} it could not decode at all (video frames {frames(lost)}), the frame before stands in"
+    return (msg + f"; {n_aff} frames are damaged or predict from a damaged one (video frames {ranges}): their outputs are not "
+            "trustworthy; copy the file from the device again if you can")
+
+
 class VideoReader:
   """Sequential decoder of one camera file; `frames()` yields VENUS NV12 buffers.
 
@@ -102,33 +175,71 @@ class VideoReader:
     self.width, self.height = first.width, first.height
     self.info = nv12_info(self.width, self.height)
     self.error: str | None = None  # set when decoding stopped early on damaged data
+    self.report = DecodeReport(self.path)  # what the decoder said during the last frames()
 
   def frames(self, ring: list[np.ndarray] | None = None, start: int = 0) -> Iterator[np.ndarray]:
     """Frames from index `start` on. start > 0 decodes from the keyframe at or before it (at most a GOP of extra work), not
-    from frame 0: replay's warm-up reads only the tail of the previous segment's video."""
+    from frame 0: replay's warm-up reads only the tail of the previous segment's video.
+
+    What the decoder says about damaged data is kept in `report` (frames it concealed, frames it gave nothing for); a
+    frame the decoder drops is replaced by the one before it, so frame k stays the k-th picture of the file."""
     self.error = None
-    if start > 0:
-      yield from self._frames_from(start, ring)
-      return
-    n = 0
+    self.report = DecodeReport(self.path)
+    key = self._keyframe_at_or_before(start) if start > 0 else 0
+    rep = self.report
+    n = 0  # frames yielded
+    pos = key  # index of the next frame the decoder returns
+    last: av.VideoFrame | None = None  # the last picture the decoder gave: the stand-in for a lost one
     with av.open(str(self.path), format=self._fmt) as c:
       st = c.streams.video[0]
-      st.thread_type = "AUTO"
-      it = c.decode(st)
+      # slice threads (still parallel over WPP rows) rather than frame threads: the decoder's messages about a packet then
+      # arrive while that packet is decoded, so they can be pinned on its frame; frame threads report them later, from elsewhere
+      st.thread_type = "SLICE"
+      packets = c.demux(st)
+      i = -1  # index of the last packet with data
       while True:
-        try:
-          frame = next(it)
-        except StopIteration:
+        with _decoder_messages() as logs:
+          try:
+            pkt = next(packets, None)
+            if pkt is None:
+              return
+            if pkt.size:
+              i += 1
+              if i < key:
+                continue
+            decoded = st.decode(pkt)  # the empty packet at the end of the stream flushes the decoder
+          except av.error.FFmpegError as e:
+            self.error = f"{self.path}: decoding stopped early: {e}"
+            return
+        if pkt.size and pkt.is_keyframe:
+          rep.keyframes.append(i)
+        if logs and pkt.size:
+          rep.errors.setdefault(i, []).extend(m.strip() for _, _, m in logs)
+          if not decoded and pos == i:
+            # the decoder gave nothing for a damaged packet, and it has kept up so far (no reordering delay): that picture is
+            # lost; the previous one stands in, as a player would show it, and the frames after keep their indices
+            decoded = [None]   # type: ignore[list-item]
+            rep.lost.append(i)
+        for frame in decoded:
+          if frame is not None and (frame.width, frame.height) != (self.width, self.height):
+            raise UserError(f"{self.path}: frame size changes mid-stream ({frame.width}x{frame.height} after {self.width}x{self.height})")
+          last = frame if frame is not None else last
+          if pos >= start:
+            out = None if not ring else ring[n % len(ring)]
+            if last is not None:
+              buf = frame_to_venus(last, out)
+            else:  # lost before any picture: black
+              buf = np.zeros(self.info.size, dtype=np.uint8) if out is None else out
+              venus_planes(buf, self.info)[0][...] = 16
+              venus_planes(buf, self.info)[1][...] = 128
+            rep.decoded = pos + 1
+            yield buf
+            n += 1
+          pos += 1
+        if not pkt.size:
           return
-        except av.error.FFmpegError as e:
-          self.error = f"{self.path}: decoding stopped early: {e}"
-          return
-        if (frame.width, frame.height) != (self.width, self.height):
-          raise UserError(f"{self.path}: frame size changes mid-stream ({frame.width}x{frame.height} after {self.width}x{self.height})")
-        yield frame_to_venus(frame, None if not ring else ring[n % len(ring)])
-        n += 1
 
-  def _frames_from(self, start: int, ring: list[np.ndarray] | None) -> Iterator[np.ndarray]:
+  def _keyframe_at_or_before(self, start: int) -> int:
     key = 0
     with av.open(str(self.path), format=self._fmt) as c:
       for i, p in enumerate(q for q in c.demux(video=0) if q.size):
@@ -136,27 +247,7 @@ class VideoReader:
           break
         if p.is_keyframe:
           key = i
-    n, pos, i = 0, key, 0  # frames yielded, index of the next decoded frame, packets seen
-    with av.open(str(self.path), format=self._fmt) as c:
-      st = c.streams.video[0]
-      st.thread_type = "AUTO"
-      for pkt in c.demux(st):
-        if pkt.size:
-          i += 1
-          if i <= key:
-            continue
-        try:
-          decoded = st.decode(pkt)  # an empty packet (end of stream) flushes the decoder
-        except av.error.FFmpegError as e:
-          self.error = f"{self.path}: decoding stopped early: {e}"
-          return
-        for frame in decoded:
-          if pos >= start:
-            if (frame.width, frame.height) != (self.width, self.height):
-              raise UserError(f"{self.path}: frame size changes mid-stream ({frame.width}x{frame.height} after {self.width}x{self.height})")
-            yield frame_to_venus(frame, None if not ring else ring[n % len(ring)])
-            n += 1
-          pos += 1
+    return key
 
   def count(self) -> int:
     """Number of frames, by demuxing packets only (no decode)."""

@@ -22,6 +22,16 @@ def test_cuts_by_time_keep_each_chunk_within_budget(costs, monkeypatch):
   assert chunking.cuts([10, 20, 30, 40], ["a", "b", "c", "d"], 44, 16) == [0, 44]
 
 
+def test_a_chunk_exactly_at_the_budget_is_not_cut(costs, monkeypatch):
+  """The budget is a bound the chunk may reach: kernels adding up to exactly the budget share one submit."""
+  monkeypatch.setenv("MSM_CHUNK_US", "2000")
+  assert chunking.cuts([10, 20, 30], ["a", "b", "d"], 34, 16) == [0, 20, 34]      # a+b = 2000 exactly: one chunk, d the next
+  monkeypatch.setenv("MSM_CHUNK_US", "5500")
+  assert chunking.cuts([10, 20, 30, 40], ["a", "b", "c", "d"], 44, 16) == [0, 44]  # 1000+1000+3000+500 = 5500
+  monkeypatch.setenv("MSM_CHUNK_US", "5499")
+  assert chunking.cuts([10, 20, 30, 40], ["a", "b", "c", "d"], 44, 16) == [0, 30, 44]
+
+
 def test_default_budget_applies_when_costs_are_known(costs, monkeypatch):
   monkeypatch.delenv("MSM_CHUNK_US", raising=False)
   assert chunking.budget_us() == chunking.DEFAULT_CHUNK_US

@@ -427,3 +427,22 @@ def test_delayed_job_times_out_waits_then_retires():
   with pytest.raises(ValueError):
     node.n.delay_jobs(-1)
   node.n.close()
+
+
+def test_cpu_prep_read_waits_for_writers_only(node):
+  """msm_gem_cpu_prep waits on dma_resv_usage_rw(write): a CPU read for the jobs that listed the BO with WRITE, a CPU write for
+  every job that lists it (the submit attaches its fence as a write fence only to BOs flagged MSM_SUBMIT_BO_WRITE)."""
+  cmd, _, _ = node.new()
+  buf, _, _ = node.new()
+  node.n.delay_jobs(0.5)
+  node.submit(cmd, pkt(mesa.CP_WAIT_FOR_IDLE), [cmd, buf], bo_flags=u.MSM_SUBMIT_BO_READ)
+  node.n.ioctl(u.DRM_IOCTL_MSM_GEM_CPU_PREP, u.drm_msm_gem_cpu_prep(handle=buf, op=u.MSM_PREP_READ | u.MSM_PREP_NOSYNC))   # no writer
+  with pytest.raises(OSError) as e:
+    node.n.ioctl(u.DRM_IOCTL_MSM_GEM_CPU_PREP, u.drm_msm_gem_cpu_prep(handle=buf, op=u.MSM_PREP_WRITE | u.MSM_PREP_NOSYNC))
+  assert e.value.errno == errno.EBUSY
+  node.wait(node.submit(cmd, pkt(mesa.CP_WAIT_FOR_IDLE), [cmd, buf]), timeout_ms=2000)   # READ|WRITE, after the delayed one
+  node.n.delay_jobs(0.5)
+  node.submit(cmd, pkt(mesa.CP_WAIT_FOR_IDLE), [cmd, buf], bo_flags=u.MSM_SUBMIT_BO_WRITE)
+  with pytest.raises(OSError) as e:
+    node.n.ioctl(u.DRM_IOCTL_MSM_GEM_CPU_PREP, u.drm_msm_gem_cpu_prep(handle=buf, op=u.MSM_PREP_READ | u.MSM_PREP_NOSYNC))
+  assert e.value.errno == errno.EBUSY

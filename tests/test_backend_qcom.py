@@ -604,3 +604,27 @@ def test_local_size_search_is_answered_by_the_model_not_executed():
   outs = [r.stdout.strip().splitlines()[-1] for r in runs]
   assert outs[0] == outs[1], outs                      # deterministic across processes
   assert outs[0].split(" ", 1)[0] == "1" and "(" in outs[0], outs[0]   # searched, yet one real dispatch: no probes
+
+
+@emu_only
+def test_a_buffer_the_gpu_writes_carries_its_write_fence():
+  """The backend lists every buffer with MSM_SUBMIT_BO_WRITE: on the kernel that flag makes the job's fence the buffer's write
+  fence (implicit sync), so a CPU read of it (CPU_PREP READ, as another process importing it would wait) waits for the GPU
+  job. Without WRITE the read would go ahead while the GPU still writes."""
+  from backend import uapi as u
+  dev = open_device()
+  it = dev.iface
+  a = Tensor(np.arange(64, dtype=np.float32), device="QCOM").realize()
+  dev.synchronize()
+  b = Tensor.empty(64, device="QCOM").realize()
+  dev.synchronize()
+  it.node.delay_jobs(0.6)
+  b.assign(a * 3 + 1).realize()
+  job = it.node.submits[-1]
+  hb = handles_of(b)
+  assert hb in job.handles and job.bo_flags[job.handles.index(hb)] & u.MSM_SUBMIT_BO_WRITE
+  with pytest.raises(OSError) as e:
+    it.node.ioctl(u.DRM_IOCTL_MSM_GEM_CPU_PREP, u.drm_msm_gem_cpu_prep(handle=hb, op=u.MSM_PREP_READ | u.MSM_PREP_NOSYNC))
+  assert e.value.errno == errno.EBUSY
+  dev.synchronize()
+  it.node.ioctl(u.DRM_IOCTL_MSM_GEM_CPU_PREP, u.drm_msm_gem_cpu_prep(handle=hb, op=u.MSM_PREP_READ | u.MSM_PREP_NOSYNC))

@@ -158,11 +158,40 @@ def test_search_set_is_used_only_for_its_own_kernels():
     cpu_search.choose("always", _key(), table)
 
 
+def test_search_sets_are_keyed_by_isa_level_and_borrowed_with_a_reason():
+  """A set recorded on AVX-512 matches an AVX-512 box exactly; an AVX2 box with no set of its own borrows it and the reason
+  says so; a set of its own level wins over the borrowed one."""
+  avx512 = {"match": _key(isa="avx512"), "beam": 1, "recorded_on": "an AVX-512 box", "entries": []}
+  table = {"format": cpu_search.FORMAT, "sets": [avx512]}
+  got, why = cpu_search.choose("auto", _key(isa="avx512"), table)
+  assert got is avx512 and "ISA level" not in why
+  got, why = cpu_search.choose("auto", _key(isa="avx2"), table)
+  assert got is avx512 and "for ISA level avx512; none is shipped for this CPU's avx2" in why
+  avx2 = {"match": _key(isa="avx2"), "beam": 1, "recorded_on": "an AVX2 box", "entries": []}
+  table["sets"].append(avx2)
+  assert cpu_search.choose("auto", _key(isa="avx2"), table)[0] is avx2
+  assert cpu_search.choose("auto", _key(isa="base"), table)[0] is avx2   # the nearest level first
+  assert cpu_search.choose("auto", _key(isa="avx2", precision="fp16"), table)[0] is None   # only the level may differ
+
+
+def test_isa_level_from_cpuinfo():
+  from compile.precision import cpu_info
+  flags = "fpu sse2 avx f16c fma avx2"
+  assert cpu_info(f"model name\t: AVX2 EPYC\nflags\t: {flags}\n").isa == "avx2"
+  assert cpu_info(f"model name\t: Zen4\nflags\t: {flags} avx512f avx512dq avx512bw avx512vl\n").isa == "avx512"
+  assert cpu_info(f"model name\t: odd\nflags\t: {flags} avx512f\n").isa == "avx2"   # AVX-512F alone is not the level -march builds for
+  assert cpu_info("Hardware\t: Qualcomm SDM845\nFeatures\t: fp asimd asimdhp\n").isa == "neon"
+  assert cpu_info("model name\t: old\nflags\t: sse2\n").isa == "base"
+  d = cpu_info(f"model name\t: AVX2 EPYC\nflags\t: {flags}\n").as_dict()
+  assert d["model"] == "AVX2 EPYC" and d["isa"] == "avx2" and "fma" in d["flags"] and "avx512f" not in d["flags"]
+
+
 def test_shipped_table_is_well_formed():
   from tinygrad.codegen.opt import OptOps
   table = cpu_search.load_table()
   for s in table["sets"]:
-    assert set(s["match"]) == {"tinygrad", "device", "precision", "layout", "camera", "threads", "models", "code"}
+    assert set(s["match"]) == {"tinygrad", "device", "precision", "layout", "camera", "threads", "models", "code", "isa"}
+    assert s["match"]["isa"] in cpu_search.ISA_PREFERENCE
     assert s["beam"] >= 1 and s["entries"]
     threads = s["match"]["threads"]
     for e in s["entries"]:

@@ -272,5 +272,6 @@ def test_pubkey_is_checked_now_and_installed_for_every_start(op, bundle, tmp_pat
   d = op / INSTALL_REL
   assert (d / "modeld-msm.pub").read_bytes() == pub.read_bytes()
   assert 'export MODELD_PUBKEY="$here/modeld-msm.pub"' in (d / "modeld").read_text()
-  assert install(op, bundle, log=quiet) == "updated"   # the same bundle without the key requirement: the launcher changes
+  assert install(op, bundle, log=quiet) == "unchanged"   # without --pubkey the installed key stays (tests/test_bad_input_install.py)
+  assert install(op, bundle, drop_pubkey=True, log=quiet) == "updated"   # dropped only when asked by name: the launcher changes
   assert "MODELD_PUBKEY" not in (d / "modeld").read_text() and not (d / "modeld-msm.pub").exists()

@@ -470,3 +470,124 @@ def test_cli_modes_with_jobs_match_serial(route, artifact, tmp_path):
     assert ("carried on" in r1.stdout) == (mode == "route") and ("warm-up on" in r1.stdout) == (mode == "warmup")
     for s in route:
       assert (tmp_path / f"{mode}1" / f"{s.name}.zst").read_bytes() == (tmp_path / f"{mode}2" / f"{s.name}.zst").read_bytes()
+
+
+# ---- damaged or thin inputs (issue 24) ----
+
+def test_damaged_camera_file_is_reported_with_its_frames(seg, artifact, tmp_path):
+  """A slice the decoder cannot use: the replay goes on (the frame before stands in), but says which frames, in the
+  summary line, a warning and the result recorded with the output."""
+  import av
+  bad = _copy_seg(seg, tmp_path / "bad")
+  with av.open(str(seg / "fcamera.hevc"), format="hevc") as c:
+    pos = [p.pos for p in c.demux(video=0) if p.size]
+  data = bytearray((seg / "fcamera.hevc").read_bytes())
+  data[pos[5] + 6:pos[5] + 14] = b"\xff" * 8  # its slice header; 0xff never forms a start code
+  (bad / "fcamera.hevc").unlink()
+  (bad / "fcamera.hevc").write_bytes(bytes(data))
+  r = _cli(bad, "--artifact", artifact, "-o", tmp_path / "out.zst")
+  assert r.returncode == 0, r.stderr
+  assert "DAMAGED VIDEO: decode errors in" in r.stdout
+  warn = [ln for ln in r.stderr.splitlines() if "fcamera.hevc is damaged" in ln]
+  assert len(warn) == 1 and warn[0].startswith("modeld-msm replay: warning:") and "video frames 5" in warn[0], r.stderr
+  res = replay_segment(bad, artifact, tmp_path / "api.zst")
+  assert res.damaged_frames >= 1 and "fcamera.hevc is damaged" in (res.video_damage or "")
+  assert replay_segment(seg, artifact, tmp_path / "clean.zst").video_damage is None
+
+
+def test_no_model_output_is_an_error(seg, artifact, tmp_path):
+  """Only the first encoded frame (camera frame 2) and its states: one step, and as it follows frames 0 and 1 it only
+  fills the image queues. An output log without a model output is not a replay: nothing written, exit status 2."""
+  first = min(_encoded_ids(seg)["roadCameraState"])
+  cams = ("roadCameraState", "wideRoadCameraState", "roadEncodeIdx", "wideRoadEncodeIdx")
+  thin = _with_log(seg, tmp_path / "thin", lambda ev: ev.which() not in cams or getattr(ev, ev.which()).frameId == first)
+  for name in ("fcamera.hevc", "ecamera.hevc"):
+    frame = next(VideoReader(seg / name).frames()).copy()
+    (thin / name).unlink()
+    _reencode(thin / name, [frame])
+  plan = plan_segment(open_segment(thin))
+  assert plan.road_steps and len(plan.road.frame_of) == 1 and plan.road.by_index
+  r = _cli(thin, "--artifact", artifact, "-o", tmp_path / "out.zst")
+  _one_line_error(r, "1 model step(s) but not one model output", "nothing written")
+  assert not (tmp_path / "out.zst").exists()
+
+
+def _retimed_wide(seg: Path, dst: Path, offset_ns: int) -> Path:
+  """A copy of `seg` whose wide camera runs offset_ns after the road camera (before: 0.3 ms): its states' and index
+  entries' start/end of frame and their log times move together, so they arrive in the order a device would log them."""
+  _copy_seg(seg, dst)
+  evs = []
+  for ev, b in LogReader(seg / "rlog.zst").events_with_bytes():
+    t = ev.logMonoTime
+    if ev.which() in ("wideRoadCameraState", "wideRoadEncodeIdx"):
+      e = ev.as_builder()
+      m = getattr(e, ev.which())
+      m.timestampSof += offset_ns
+      m.timestampEof += offset_ns
+      e.logMonoTime = t = t + offset_ns
+      b = e.to_bytes()
+    evs.append((t, b))
+  evs.sort(key=lambda tb: tb[0])  # stable: ties keep log order
+  with LogWriter(dst / "rlog.zst") as w:
+    w.write_all(b for _, b in evs)
+  return dst
+
+
+@pytest.mark.parametrize("offset_ms,extra_minus_road", [(20, 0), (30, -1), (-20, 0), (-30, 1)])
+def test_road_and_wide_pair_within_25_ms(seg, artifact, tmp_path, offset_ms, extra_minus_road):
+  """modeld's window: a road and a wide frame whose start of frame is within 25 ms are one capture. 30 ms apart they
+  are not: the road frame goes with the wide frame on its other side (20 ms away), as modeld pairs them."""
+  moved = _retimed_wide(seg, tmp_path / "moved", offset_ms * 1_000_000)
+  replay_segment(moved, artifact, tmp_path / "out.zst")
+  models = [e.modelV2 for e in LogReader(tmp_path / "out.zst") if e.which() == "modelV2"]
+  assert len(models) >= 10
+  assert {m.frameIdExtra - m.frameId for m in models} == {extra_minus_road}
+
+
+@pytest.mark.slow
+def test_modeld_pairs_within_25_ms_too(cpu_artifact_1928, prefix):
+  """modeld.py keeps its own copy of the window (PAIR_WINDOW_NS there): with the wide camera 20 ms early a road frame
+  goes with the wide frame of the same capture; 30 ms early, with the next one (20 ms after it), as openpilot's modeld
+  pairs them. One modeld process, the offset changed midway."""
+  from conftest import ModeldHarness, stop_process
+
+  class Offset(ModeldHarness):
+    """Frames in start-of-frame order: with road frame n goes every wide frame up to n+1, which starts after it (waiting
+    for it would run into modeld's receive timeout, the test not being real time)."""
+    wide_ns = -20_000_000
+    sent_wide = 0
+
+    def _publish(self, svc: str, st, n: int, shift: int) -> None:
+      ev = self.messaging.new_message(svc, valid=True)
+      getattr(ev, svc).frameId, getattr(ev, svc).sensor = n, "ar0231"
+      self.pm.send(svc, ev)
+      sof = n * self.FRAME_NS + shift
+      self.srv.send(st, self.frame, n, sof, sof + self.FRAME_NS)
+
+    def send(self, n: int, road: bool = True, wide: bool = True) -> None:
+      self._publish("roadCameraState", self.streams[0], n, 0)
+      while self.sent_wide < n + 1:
+        self.sent_wide += 1
+        self._publish("wideRoadCameraState", self.streams[1], self.sent_wide, self.wide_ns)
+
+  h = Offset(cpu_artifact_1928)
+  deltas: dict[int, list[int]] = {-20_000_000: [], -30_000_000: []}
+  try:
+    n, m = 0, None
+    while m is None and n < 400:  # modeld loads the artifact meanwhile; frames before it listens reach nobody
+      n += 1
+      m, _ = h.step(n, 0.25)
+    assert m is not None, stop_process(h.proc)
+    for offset, got in deltas.items():
+      h.wide_ns = offset
+      for _ in range(8):
+        n += 1
+        m, _ = h.step(n, 5.0)
+        if m is not None:
+          got.append(m.frameIdExtra - m.frameId)
+  finally:
+    out = h.close()
+  assert "Traceback" not in out, out
+  assert len(deltas[-20_000_000]) >= 6 and set(deltas[-20_000_000][1:]) == {0}, deltas
+  # the first frame after the switch pairs across it; then every road frame takes the next wide one
+  assert len(deltas[-30_000_000]) >= 5 and set(deltas[-30_000_000][2:]) == {1}, deltas

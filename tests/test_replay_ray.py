@@ -135,10 +135,14 @@ def _free_port() -> int:
 
 @pytest.mark.slow  # ~40 s: a head node coming up, two CLI runs joining it
 def test_cli_joins_a_cluster_by_address_and_resumes(route, serial, artifact, tmp_path):
-  """`ray start --head` on 127.0.0.1 as a subprocess (stopped by its pid), the CLI joining it with --address."""
+  """`ray start --head` on 127.0.0.1 as a subprocess (stopped by its pid), the CLI joining it with --address. The cluster is
+  the test's own: its temp dir, port, a fresh auth token and a HOME of its own, so a token another cluster left in
+  ~/.ray (or RAY_AUTH_* in the environment) cannot make the join fail with InvalidAuthToken."""
+  import secrets
   tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
   port = _free_port()
-  env = {**os.environ, **RAY_ENV}
+  env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+  env.update(RAY_ENV, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), HOME=tmp)
   ray_bin = Path(sys.executable).parent / "ray"
   head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
                            "--include-dashboard=false", f"--temp-dir={tmp}", "--disable-usage-stats"],

@@ -92,6 +92,7 @@ class Job:
   state: ExecState
   listed: frozenset = frozenset()
   ready_ns: int = 0          # CLOCK_MONOTONIC ns before which the job cannot retire (delay_jobs: a slow GPU job); 0: no delay
+  writes: frozenset = frozenset()   # handles listed with MSM_SUBMIT_BO_WRITE: the job's fence is their write fence
 
 
 @dataclass(frozen=True)
@@ -551,7 +552,8 @@ class RenderNode(FileIOInterface):
     self.submits.append(SubmitRecord(q.id, fence, tuple(b.handle for b in bos), tuple(b.flags for b in bos),
                                      tuple((gems[c.submit_idx].handle, c.submit_offset, c.size) for c in cmds)))
     ready = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(self._job_delays.popleft() * 1e9)) if self._job_delays else 0
-    self._ring.append(Job(q, fence, gems, ExecState(frames[::-1]), frozenset(gems), ready))
+    writes = frozenset(bo.handle for bo in bos if bo.flags & u.MSM_SUBMIT_BO_WRITE)
+    self._ring.append(Job(q, fence, gems, ExecState(frames[::-1]), frozenset(gems), ready, writes))
 
   def _wait_fence(self, a: u.drm_msm_wait_fence) -> None:
     if a.flags & ~u.MSM_WAIT_FENCE_FLAGS:
@@ -574,9 +576,12 @@ class RenderNode(FileIOInterface):
       raise _err(errno.EINVAL, f"CPU_PREP op {a.op:#x}")
     gem = self._lookup(a.handle, errno.ENOENT)
     deadline = a.timeout.tv_sec * 1_000_000_000 + a.timeout.tv_nsec
+    # as msm_gem_cpu_prep's dma_resv_usage_rw(write): a CPU read waits for the GPU's writers only (the jobs that listed the
+    # BO with MSM_SUBMIT_BO_WRITE), a CPU write for every job that lists it
+    write = bool(a.op & u.MSM_PREP_WRITE)
     while True:
       self.progress()
-      if gem.pins == 0:
+      if not any(gem in job.listed and (write or gem.handle in job.writes) for job in self._ring):
         return
       if a.op & u.MSM_PREP_NOSYNC:
         raise _err(errno.EBUSY, f"BO handle {gem.handle} is busy")

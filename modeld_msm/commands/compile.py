@@ -10,8 +10,8 @@ def add_arguments(p) -> None:
   p.add_argument("--vision", required=True, help="driving_vision.onnx")
   p.add_argument("--policy", required=True, help="driving_policy.onnx")
   p.add_argument("--camera", default="1928x1208", help="camera size: 1928x1208 (ar0231/ox03c10) or 1344x760 (os04c10)")
-  p.add_argument("--device", default="CPU", help="CPU (off the car), CPU:LLVM, QCOM (Adreno 630, captured on the emulated render node), "
-                                                 "or a workstation GPU for replay: CUDA, NV, AMD")
+  p.add_argument("--device", default="CPU", help="CPU (off the car), CPU:LLVM (needs libLLVM >= 16), QCOM (Adreno 630, captured on the "
+                                                 "emulated render node), or a workstation GPU for replay: CUDA, NV, AMD")
   p.add_argument("-o", "--out", required=True, help="artifact directory to write (replaced atomically)")
   p.add_argument("--precision", choices=("auto", "fp16", "fp32"), default="auto",
                  help="compute precision (default auto: fp32 on a CPU, native fp16 or not; fp16 on QCOM, always, and on GPUs)")

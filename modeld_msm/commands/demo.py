@@ -3,15 +3,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from modeld_msm.commands.argtypes import integer, real
+
 HELP = "end-to-end demo on the embedded default: camera server, modeld, listener"
 
 
 def add_arguments(p) -> None:
   p.add_argument("--full", action="store_true", help="use the full-size reference models (first compile takes minutes)")
-  p.add_argument("--seconds", type=float, default=20.0, help="length of the drive (default 20)")
+  p.add_argument("--seconds", type=real(0, lo_open=True), default=20.0, help="length of the drive (default 20)")
   p.add_argument("--out", type=Path, default=Path("demo-out"), help="where summary.json and plan.png go (default ./demo-out)")
   p.add_argument("--camera", default="1928x1208", help="1928x1208 or 1344x760")
-  p.add_argument("--seed", type=int, default=0, help="road scene seed")
+  p.add_argument("--seed", type=integer(0), default=0, help="road scene seed")
   p.add_argument("--random-weights", action="store_true",
                  help="the random-weight reference models instead of the trained tiny stand-in: the pipeline runs the same, but "
                       "the outputs are noise and the error against the rendered road says so (--full always has random weights)")

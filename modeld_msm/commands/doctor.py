@@ -7,13 +7,15 @@ import os
 import time
 from typing import Any
 
+from modeld_msm.commands.argtypes import integer
+
 HELP = "report tinygrad/tinymesa versions, kernel interfaces and render node facts"
 TINYMESA_VERSION = "25.2.7.2"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--emu", action="store_true", help="check the emulated render node (DEV=EMU+QCOM) instead of a real one")
-  parser.add_argument("--rounds", type=int, default=20, help="submit/fence round trips to time (default 20)")
+  parser.add_argument("--rounds", type=integer(1), default=20, help="submit/fence round trips to time (default 20)")
 
 
 def _line(ok: bool | None, what: str, detail: str) -> None:

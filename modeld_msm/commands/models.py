@@ -1,13 +1,15 @@
 """`modeld-msm models`: write the reference driving_vision.onnx / driving_policy.onnx pair."""
 from __future__ import annotations
 
+from modeld_msm.commands.argtypes import integer
+
 HELP = "write reference driving_vision.onnx / driving_policy.onnx (tiny or full)"
 
 
 def add_arguments(parser) -> None:
   parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: openpilot 0.11.1's budget")
   parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the two .onnx files into (created if missing)")
-  parser.add_argument("--seed", type=int, default=0, help="weight seed; the same seed writes identical bytes (default 0)")
+  parser.add_argument("--seed", type=integer(0), default=0, help="weight seed; the same seed writes identical bytes (default 0)")
 
 
 def run(args) -> int:

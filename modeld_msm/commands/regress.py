@@ -26,6 +26,10 @@ def add_arguments(p) -> None:
   p.add_argument("--ignore", nargs="+", metavar="FIELD", default=list(DEFAULT_IGNORE),
                  help=f"fields to skip, by name at any depth or dotted prefix (default: {' '.join(DEFAULT_IGNORE)})")
   p.add_argument("--top", type=int, default=10, help="how many of the worst fields to print (default 10)")
+  p.add_argument("--allow-different-drives", action="store_true",
+                 help="compare NEW and REF (and draw on --segment) even where they are replays of different drives (other synthetic "
+                      "seed, camera clock or frames, or no log in common); each mismatch is printed as a WARNING line. Without it "
+                      "such a comparison is refused")
 
 
 def run(args) -> int:
@@ -37,7 +41,13 @@ def run(args) -> int:
   args.abs_tolerance = abs_ if args.abs_tolerance is None else args.abs_tolerance
   ignore = tuple(args.ignore) + ignore
   segments = expand_segments(args.segment) if args.segment else []
-  results, messages = regress(args.new, args.ref, args.tolerance, args.abs_tolerance, ignore)
+  results, messages = regress(args.new, args.ref, args.tolerance, args.abs_tolerance, ignore, args.allow_different_drives)
+  if segments or args.report:  # the segments the accuracy and the worst frames' pictures come from must be the runs' drive
+    from pathlib import Path
+
+    from modeld_msm.regress import check_segments
+    from modeld_msm.report import find_segments
+    check_segments(results, find_segments(sorted(messages), segments, Path(args.new), Path(args.ref)), segments, args.allow_different_drives)
   failed = [r for r in results if r.regression]
   for line in summary_lines(results, args.top):
     print(line)

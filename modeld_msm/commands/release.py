@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from modeld_msm.commands.argtypes import integer
+
 HELP = "release build: compile + verify + bundle one artifact per camera size, with a recorded smoke test"
 
 
@@ -22,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--camera", action="append", choices=list(CAMERA_SIZES), help="camera sizes (default: both)")
   p.add_argument("-o", "--out", type=Path, required=True, help="bundle directory to write (replaced atomically)")
   p.add_argument("--sign-key", type=Path, help="ed25519 private key (`modeld-msm keygen`): sign every artifact of the bundle")
-  p.add_argument("--smoke-frames", type=int, default=SMOKE_FRAMES,
+  p.add_argument("--smoke-frames", type=integer(0), default=SMOKE_FRAMES,
                  help=f"frames of the recorded smoke test to run and store per camera (default {SMOKE_FRAMES}; 0: none). A QCOM build "
                       "runs them on the emulator executing the IR3 code: ~1.3 s a frame for the tiny models, far longer for full-size ones")
 

@@ -42,6 +42,26 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+  """_run, and a failed replay leaves no empty output folder of its own making behind."""
+  from pathlib import Path
+  out = Path(args.output)
+  existed = out.exists()
+  try:
+    rc = _run(args)
+  except BaseException:
+    _remove_if_empty(out, existed)
+    raise
+  if rc != 0:
+    _remove_if_empty(out, existed)
+  return rc
+
+
+def _remove_if_empty(out, existed: bool) -> None:
+  if not existed and out.is_dir() and not any(out.iterdir()):
+    out.rmdir()
+
+
+def _run(args) -> int:
   from modeld_msm.replay import replay_many
   from selfdrive_glue.errors import UserError
   from selfdrive_glue.route import expand_segments
@@ -84,6 +104,8 @@ def run(args) -> int:
             "by order; an offset between log and video would go unnoticed", file=sys.stderr)
     if r.damage:
       print(f"modeld-msm replay: warning: {r.segment}: log damaged, replayed the readable prefix: {r.damage}", file=sys.stderr)
+    if r.video_damage:
+      print(f"modeld-msm replay: warning: {r.segment}: {r.video_damage}", file=sys.stderr)
   # synthetic segments carry their ground truth: <output>.accuracy.json beside each output (modeld_msm/replay_accuracy.py);
   # reported on stderr like the other notes, so stdout stays one result line per segment
   from modeld_msm.replay_accuracy import replay_accuracy_lines
@@ -105,11 +127,16 @@ def _default_artifact(segments, size: str, stand_in: bool):
   """The reference models (tiny: the trained stand-in unless asked otherwise) compiled for the first segment's camera size
   on CPU, cached as `modeld-msm demo` does: synthetic segments then get accuracy numbers that mean something."""
   from modeld_msm.demo import cached_artifact
+  from modeld_msm.frame_map import require_rlog
   from selfdrive_glue.errors import UserError
   from selfdrive_glue.route import ROAD_CAMERA
   from selfdrive_glue.video import VideoReader
+  require_rlog(segments[0])  # a qlog-only segment: say so (as with --artifact), not that fcamera.hevc is missing
   road = segments[0].camera(ROAD_CAMERA)
   if road is None:
     raise UserError(f"segment {segments[0].path}: missing camera file {ROAD_CAMERA}")
   vr = VideoReader(road)
-  return cached_artifact(size, f"{vr.width}x{vr.height}", "CPU", log=lambda m: print(m, file=sys.stderr), stand_in=stand_in)
+
+  def log(m: str) -> None:  # the cache is the demo's, its lines are this command's
+    print("[replay]" + m[len("[demo]"):] if m.startswith("[demo]") else m, file=sys.stderr)
+  return cached_artifact(size, f"{vr.width}x{vr.height}", "CPU", log=log, stand_in=stand_in)

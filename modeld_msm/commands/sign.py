@@ -12,7 +12,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-  from compile.artifact import sign_tree
-  for art, kid in sign_tree(args.path, args.key):
+  from release.bundle import sign_bundle
+  for art, kid in sign_bundle(args.path, args.key):
     print(f"{art}: signed by key {kid}")
   return 0

@@ -12,13 +12,15 @@ import os
 import sys
 import time
 
+from modeld_msm.commands.argtypes import integer
+
 HELP = "replay the bundle's recorded input on this device's GPU and compare with the outputs expected at build time"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--bundle", required=True, help="bundle directory written by `modeld-msm release` (or an installed copy)")
   p.add_argument("--camera", action="append", help="check only this camera size, e.g. 1928x1208 (default: every size in the bundle)")
-  p.add_argument("--frames", type=int, help="replay only the first N recorded frames (default: all, 100)")
+  p.add_argument("--frames", type=integer(1), help="replay only the first N recorded frames (default: all, 100)")
   p.add_argument("--emu", action="store_true",
                  help="off the car: run a QCOM bundle on the emulated render node, executing its IR3 code (EMU_EXEC=1)")
   p.add_argument("--pubkey", help="require each artifact to be signed by this public key (default: $MODELD_PUBKEY, if set)")
@@ -44,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
   from release import smoke
   from release.bundle import read_index, verify_bundle
   from selfdrive_glue.errors import UserError
-  if args.frames is not None and args.frames < 1:
-    raise UserError(f"--frames must be at least 1, not {args.frames}")
+  from selfdrive_glue.nv12 import parse_camera
+  for cam in args.camera or []:
+    parse_camera(cam)
   device = read_index(args.bundle).get("device")
   if args.emu:
     if device != "QCOM":

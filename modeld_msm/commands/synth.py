@@ -1,16 +1,19 @@
 """`modeld-msm synth`: write a synthetic drive segment (rlog + HEVC) from procedurally rendered roads."""
 from __future__ import annotations
 
+from modeld_msm.commands.argtypes import integer, real
+
 HELP = "write a synthetic drive segment (rlog + HEVC) from procedurally rendered roads"
 
 
 def add_arguments(p) -> None:
   p.add_argument("-o", "--output", required=True, metavar="SEGDIR",
                  help="segment directory to write (with --segments N: the parent folder of <route>--0 .. <route>--N-1)")
-  p.add_argument("--seconds", type=float, default=60.0, help="length of each segment in seconds (default 60, openpilot's segment length)")
-  p.add_argument("--seed", type=int, default=0, help="scene seed; the same seed writes the same drive (default 0)")
+  p.add_argument("--seconds", type=real(0, lo_open=True), default=60.0,
+                 help="length of each segment in seconds (default 60, openpilot's segment length)")
+  p.add_argument("--seed", type=integer(0), default=0, help="scene seed; the same seed writes the same drive (default 0)")
   p.add_argument("--camera", default="1928x1208", help="camera size: 1928x1208 (ar0231/ox03c10, tici) or 1344x760 (os04c10, mici)")
-  p.add_argument("--segments", type=int, default=1, help="consecutive segments of one drive (default 1)")
+  p.add_argument("--segments", type=integer(1), default=1, help="consecutive segments of one drive (default 1)")
   p.add_argument("--no-wide", action="store_true", help="road camera only (no ecamera.hevc / wideRoadCameraState)")
   p.add_argument("--no-qcamera", action="store_true", help="skip qcamera.ts")
   p.add_argument("--no-encode-index", action="store_true",

@@ -1,6 +1,8 @@
 """`modeld-msm train`: the trained stand-in model's recipe (tiny vision + policy on rendered drives), from a seed."""
 from __future__ import annotations
 
+from modeld_msm.commands.argtypes import integer, real
+
 HELP = "train the tiny stand-in vision + policy on rendered drives (the recipe behind the demo's default models)"
 
 
@@ -8,16 +10,17 @@ def add_arguments(p) -> None:
   from modeld_msm.train.recipe import Recipe
   d = Recipe()
   p.add_argument("-o", "--output", required=True, metavar="DIR", help="where driving_vision.onnx, driving_policy.onnx and recipe.json go")
-  p.add_argument("--seed", type=int, default=d.seed, help=f"initial weights, training drives and batch order (default {d.seed})")
-  p.add_argument("--drives", type=int, default=d.train_drives, help=f"training drives, one scene seed each (default {d.train_drives})")
-  p.add_argument("--eval-drives", type=int, default=d.eval_drives, help=f"held-out drives, seeds disjoint from training (default {d.eval_drives})")
-  p.add_argument("--frames", type=int, default=d.frames_per_drive, help=f"frames per drive, 0.2 s apart (default {d.frames_per_drive})")
-  p.add_argument("--vision-steps", type=int, default=d.vision_steps, help=f"(default {d.vision_steps})")
-  p.add_argument("--policy-steps", type=int, default=d.policy_steps, help=f"(default {d.policy_steps})")
-  p.add_argument("--batch", type=int, default=d.batch, help=f"(default {d.batch})")
-  p.add_argument("--lr", type=float, default=d.lr, help=f"Adam peak learning rate (default {d.lr})")
+  p.add_argument("--seed", type=integer(0), default=d.seed, help=f"initial weights, training drives and batch order (default {d.seed})")
+  p.add_argument("--drives", type=integer(1), default=d.train_drives, help=f"training drives, one scene seed each (default {d.train_drives})")
+  p.add_argument("--eval-drives", type=integer(1), default=d.eval_drives,
+                 help=f"held-out drives, seeds disjoint from training (default {d.eval_drives})")
+  p.add_argument("--frames", type=integer(2), default=d.frames_per_drive, help=f"frames per drive, 0.2 s apart (default {d.frames_per_drive})")
+  p.add_argument("--vision-steps", type=integer(0), default=d.vision_steps, help=f"(default {d.vision_steps})")
+  p.add_argument("--policy-steps", type=integer(0), default=d.policy_steps, help=f"(default {d.policy_steps})")
+  p.add_argument("--batch", type=integer(1), default=d.batch, help=f"(default {d.batch})")
+  p.add_argument("--lr", type=real(0, lo_open=True), default=d.lr, help=f"Adam peak learning rate (default {d.lr})")
   p.add_argument("--vision-onnx", metavar="PATH", help="start from this recipe's trained vision (stage 1 skipped)")
-  p.add_argument("--workers", type=int, default=d.workers, help="render processes (default: render in this process)")
+  p.add_argument("--workers", type=integer(0), default=d.workers, help="render processes (default: render in this process)")
   p.epilog = "The device is tinygrad's default: DEV=CUDA modeld-msm train ... on an NVIDIA GPU, the CPU otherwise."
 
 

@@ -1,6 +1,7 @@
 """`modeld-msm verify DIR`: integrity, versions and device of an artifact, without unpickling it."""
 from __future__ import annotations
 
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import parse_camera
 
 HELP = "check an artifact (manifest, versions, device) without running it"
@@ -14,7 +15,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-  from compile.artifact import verify_artifact
+  from compile.artifact import DEVICES, verify_artifact
+  if args.device is not None and args.device not in DEVICES:
+    raise UserError(f"unknown device '{args.device}': use one of {', '.join(DEVICES)}")
   art = verify_artifact(args.artifact, device=args.device, camera=parse_camera(args.camera) if args.camera else None,
                         pubkey=args.pubkey)
   m = art.meta

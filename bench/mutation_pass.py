@@ -1,0 +1,172 @@
+"""A mutation pass over core modules: plant one plausible one-token bug at a time and see whether the tests notice.
+
+  python bench/mutation_pass.py [--per-module N] [--seed S] [--only MODULE] [--list]
+
+The mutants are not picked by hand (hand-picked mutants are the ones the tests were written for): every comparison,
+arithmetic operator, boolean operator and numeric constant in a module is a mutation point (`<` <-> `<=`, `>` <-> `>=`,
+`==` <-> `!=`, `+` <-> `-`, `*` -> `/`, `and` <-> `or`, an integer n -> n + 1, a float x -> 1.5 x), and N of them per module
+are drawn with a seeded generator. Each mutant is written into a copy of the working tree and the module's tests run there
+(`-m "not slow"`, stopping at the first failure); a mutant is killed when they fail or time out. Prints a table per module,
+the surviving mutants (line, what changed) and the kill rate.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# module -> the tests that own its behaviour
+TARGETS = {
+  "modeld_msm/replay.py": ["tests/test_replay.py"],
+  "modeld_msm/frame_map.py": ["tests/test_replay.py"],
+  "modeld_msm/parse_outputs.py": ["tests/test_parse_outputs.py"],
+  "modeld_msm/actions.py": ["tests/test_actions.py"],
+  "modeld_msm/fill_msg.py": ["tests/test_fill_msg.py"],
+  "selfdrive_glue/desire_helper.py": ["tests/test_desire_helper.py"],
+  "selfdrive_glue/msgq.py": ["tests/test_msgq.py", "tests/test_ipc_golden.py"],
+  "selfdrive_glue/camera.py": ["tests/test_camera_geometry.py"],
+  "backend/chunking.py": ["tests/test_backend_chunking.py"],
+  "backend/msm.py": ["tests/test_backend_qcom.py", "tests/test_emu_kernel_rules.py"],
+  "release/install.py": ["tests/test_install.py"],
+  "selfdrive_glue/files.py": ["tests/test_bad_input_cli.py", "tests/test_artifact.py"],
+}
+
+SWAP_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
+SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.FloorDiv: ast.Mult, ast.BitOr: ast.BitAnd, ast.BitAnd: ast.BitOr}
+
+
+@dataclass
+class Mutant:
+  module: str
+  index: int        # the mutation point's place in an ast.walk of the module
+  line: int
+  what: str
+
+
+def _points(tree: ast.AST) -> list[tuple[int, ast.AST, str]]:
+  """(walk index, node, description) for every mutation point; docstrings and f-string parts are left alone."""
+  out = []
+  for i, node in enumerate(ast.walk(tree)):
+    if isinstance(node, ast.Compare) and type(node.ops[0]) in SWAP_CMP:
+      out.append((i, node, f"{type(node.ops[0]).__name__} -> {SWAP_CMP[type(node.ops[0])].__name__}"))
+    elif isinstance(node, ast.BinOp) and type(node.op) in SWAP_BIN:
+      out.append((i, node, f"{type(node.op).__name__} -> {SWAP_BIN[type(node.op)].__name__}"))
+    elif isinstance(node, ast.BoolOp):
+      out.append((i, node, f"{type(node.op).__name__} -> {'Or' if isinstance(node.op, ast.And) else 'And'}"))
+    elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(node.value, bool):
+      out.append((i, node, f"{node.value!r} -> {node.value + 1 if isinstance(node.value, int) else node.value * 1.5!r}"))
+  return out
+
+
+def _parents_in_fstring(tree: ast.AST) -> set[int]:
+  inside = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.JoinedStr):
+      inside.update(id(n) for n in ast.walk(node))
+  return inside
+
+
+def mutants_of(module: str, per_module: int, rng: random.Random) -> list[Mutant]:
+  tree = ast.parse((REPO / module).read_text())
+  skip = _parents_in_fstring(tree)
+  pts = [(i, n, w) for i, n, w in _points(tree) if id(n) not in skip]
+  picked = sorted(rng.sample(pts, min(per_module, len(pts))), key=lambda p: p[0])
+  return [Mutant(module, i, getattr(n, "lineno", 0), w) for i, n, w in picked]
+
+
+def mutated_source(m: Mutant) -> str:
+  tree = ast.parse((REPO / m.module).read_text())
+  for i, node in enumerate(ast.walk(tree)):
+    if i != m.index:
+      continue
+    if isinstance(node, ast.Compare):
+      node.ops[0] = SWAP_CMP[type(node.ops[0])]()
+    elif isinstance(node, ast.BinOp):
+      node.op = SWAP_BIN[type(node.op)]()
+    elif isinstance(node, ast.BoolOp):
+      node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+    elif isinstance(node, ast.Constant):
+      node.value = node.value + 1 if isinstance(node.value, int) else node.value * 1.5
+    break
+  return ast.unparse(tree) + "\n"
+
+
+def _copy_tree(dst: Path) -> None:
+  files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+  for f in files:
+    src = REPO / f
+    if src.is_file():
+      (dst / f).parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy2(src, dst / f)
+
+
+def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[str, float]:
+  t0 = time.perf_counter()
+  try:
+    r = subprocess.run([sys.executable, "-m", "pytest", *tests, "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-o", "addopts="],
+                       cwd=tree, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return "killed (timeout)", time.perf_counter() - t0
+  if r.returncode == 0:
+    return "survived", time.perf_counter() - t0
+  if r.returncode in (1, 3):   # tests failed / an internal error the mutant caused (e.g. an import-time crash)
+    return "killed", time.perf_counter() - t0
+  return f"error (pytest exit {r.returncode})", time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--per-module", type=int, default=4)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--only", help="only modules whose path contains this")
+  ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (default 600)")
+  ap.add_argument("--list", action="store_true", help="list the drawn mutants and exit")
+  a = ap.parse_args(argv)
+  rng = random.Random(a.seed)
+  mutants = [m for mod in TARGETS if a.only is None or a.only in mod for m in mutants_of(mod, a.per_module, rng)]
+  if a.list:
+    for m in mutants:
+      print(f"{m.module}:{m.line}  {m.what}")
+    return 0
+  work = Path(tempfile.mkdtemp(prefix="mutation-pass-"))
+  results: list[tuple[Mutant, str, float]] = []
+  t0 = time.perf_counter()
+  try:
+    _copy_tree(work)
+    for k, m in enumerate(mutants, 1):
+      original = (work / m.module).read_text()
+      (work / m.module).write_text(mutated_source(m))
+      try:
+        verdict, dt = run_tests(work, TARGETS[m.module], a.timeout)
+      finally:
+        (work / m.module).write_text(original)
+      results.append((m, verdict, dt))
+      eta = (time.perf_counter() - t0) / k * (len(mutants) - k)
+      print(f"[{k:3d}/{len(mutants)} ETA {eta:5.0f} s] {verdict:18s} {m.module}:{m.line}  {m.what}  ({dt:.0f} s)", file=sys.stderr, flush=True)
+  finally:
+    shutil.rmtree(work, ignore_errors=True)
+  print("\n| module | mutants | killed | survived |\n| --- | --- | --- | --- |")
+  for mod in dict.fromkeys(m.module for m, _, _ in results):
+    rs = [v for m, v, _ in results if m.module == mod]
+    print(f"| {mod} | {len(rs)} | {sum(v.startswith('killed') for v in rs)} | {sum(v == 'survived' for v in rs)} |")
+  killed = sum(v.startswith("killed") for _, v, _ in results)
+  counted = sum(v.startswith("killed") or v == "survived" for _, v, _ in results)
+  for m, v, _ in results:
+    if not v.startswith("killed"):
+      print(f"  {v}: {m.module}:{m.line}  {m.what}")
+  print(f"\nkill rate {killed}/{counted} = {100 * killed / max(counted, 1):.0f} % (seed {a.seed}, {a.per_module} per module, "
+        f"{time.perf_counter() - t0:.0f} s)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
