@@ -5,7 +5,7 @@
 The mutants are not picked by hand (hand-picked mutants are the ones the tests were written for): every comparison,
 arithmetic operator, boolean operator and numeric constant in a module is a mutation point (`<` <-> `<=`, `>` <-> `>=`,
 `==` <-> `!=`, `+` <-> `-`, `*` -> `/`, `and` <-> `or`, an integer n -> n + 1, a float x -> 1.5 x), and N of them per module
-are drawn with a seeded generator. Each mutant is written into a copy of the working tree and the module's tests run there
+are drawn with a seeded generator (0.0 becomes 1.0). Each mutant is written into a copy of the working tree and the module's tests run there
 (`-m "not slow"`, stopping at the first failure); a mutant is killed when they fail or time out. Prints a table per module,
 the surviving mutants (line, what changed) and the kill rate.
 """
@@ -52,6 +52,11 @@ class Mutant:
   what: str
 
 
+def _bumped(v: int | float) -> int | float:
+  """n -> n + 1; x -> 1.5 x, and 0.0 -> 1.0 (1.5 * 0.0 would be the same program: an equivalent mutant, not a bug)."""
+  return v + 1 if isinstance(v, int) else (v * 1.5 if v else 1.0)
+
+
 def _points(tree: ast.AST) -> list[tuple[int, ast.AST, str]]:
   """(walk index, node, description) for every mutation point; docstrings and f-string parts are left alone."""
   out = []
@@ -63,7 +68,7 @@ def _points(tree: ast.AST) -> list[tuple[int, ast.AST, str]]:
     elif isinstance(node, ast.BoolOp):
       out.append((i, node, f"{type(node.op).__name__} -> {'Or' if isinstance(node.op, ast.And) else 'And'}"))
     elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(node.value, bool):
-      out.append((i, node, f"{node.value!r} -> {node.value + 1 if isinstance(node.value, int) else node.value * 1.5!r}"))
+      out.append((i, node, f"{node.value!r} -> {_bumped(node.value)!r}"))
   return out
 
 
@@ -95,7 +100,7 @@ def mutated_source(m: Mutant) -> str:
     elif isinstance(node, ast.BoolOp):
       node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
     elif isinstance(node, ast.Constant):
-      node.value = node.value + 1 if isinstance(node.value, int) else node.value * 1.5
+      node.value = _bumped(node.value)
     break
   return ast.unparse(tree) + "\n"
 
@@ -127,12 +132,13 @@ def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--per-module", type=int, default=4)
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--only", help="only modules whose path contains this")
+  ap.add_argument("--only", help="only modules whose path contains one of these (comma-separated)")
   ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (default 600)")
   ap.add_argument("--list", action="store_true", help="list the drawn mutants and exit")
   a = ap.parse_args(argv)
   rng = random.Random(a.seed)
-  mutants = [m for mod in TARGETS if a.only is None or a.only in mod for m in mutants_of(mod, a.per_module, rng)]
+  only = a.only.split(",") if a.only else None
+  mutants = [m for mod in TARGETS if only is None or any(w in mod for w in only) for m in mutants_of(mod, a.per_module, rng)]
   if a.list:
     for m in mutants:
       print(f"{m.module}:{m.line}  {m.what}")
