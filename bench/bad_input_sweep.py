@@ -110,11 +110,14 @@ def _make_openpilot(root: Path) -> None:
   d = root / "system" / "manager"
   d.mkdir(parents=True, exist_ok=True)
   (d / "process_config.py").write_text(
-    "from openpilot.system.manager.process import PythonProcess\n\n"
+    "from openpilot.system.manager.process import NativeProcess, PythonProcess\n\n"
     "def only_onroad(started, params, CP):\n  return started\n\n"
     "procs = [\n"
     '  PythonProcess("modeld", "selfdrive.modeld.modeld", only_onroad),\n'
     "]\n")
+  (d / "process.py").write_text("class PythonProcess:\n  def __init__(self, name, module, should_run, *a, **kw):\n"
+                                "    self.name, self.module, self.should_run = name, module, should_run\n"
+                                "class NativeProcess(PythonProcess):\n  pass\n")
   (root / "selfdrive" / "modeld").mkdir(parents=True, exist_ok=True)
   if not (root / "openpilot").exists():
     (root / "openpilot").symlink_to(".")
@@ -450,10 +453,10 @@ def _expected_change(case: Case, ws: Workspace, path: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--quick", action="store_true", help="only the cases that need no compiled artifact")
-  ap.add_argument("--only", help="only cases whose name contains this word")
+  ap.add_argument("--only", help="only cases whose name contains one of these (comma-separated)")
   ap.add_argument("--keep", type=Path, help="keep the workspace in this folder (default: a temp folder, removed)")
   a = ap.parse_args(argv)
-  cases = [c for c in catalogue() if (c.quick or not a.quick) and (a.only is None or a.only in c.name)]
+  cases = [c for c in catalogue() if (c.quick or not a.quick) and (a.only is None or any(w in c.name for w in a.only.split(",")))]
   unshare = _can_unshare()
   if not unshare:
     print("note: `unshare -rm` is not available here: the read-only cases are skipped", file=sys.stderr)

@@ -71,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
       raise
     print(f"modeld-msm {args.command}: error: {line}", file=sys.stderr)
     return 2
+  except RuntimeError as e:
+    # tinygrad's word when every backend failed to open: on a full disk or under a file-size limit its caches cannot be written
+    if str(e) != "no usable devices":
+      raise
+    print(f"modeld-msm {args.command}: error: tinygrad could open no device (each backend failed to start; a full disk or a "
+          "file-size limit stops its caches too); free space, or check the device with `modeld-msm doctor`", file=sys.stderr)
+    return 2
   except KeyboardInterrupt:
     return 130
 
