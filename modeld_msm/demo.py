@@ -45,7 +45,7 @@ def weights_name(opts: DemoOptions) -> str:
   return "stand-in" if not opts.random_weights and not opts.full else "random"
 
 
-def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bool = False) -> Path:
+def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bool = False, tag: str = "demo") -> Path:
   """Reference models -> artifact, cached under ~/.cache/modeld-msm by the hash of everything that shapes it.
   stand_in: the trained tiny stand-in weights instead of random ones (compile.refmodels.write_models)."""
   from compile.artifact import ArtifactError, installed_versions, verify_artifact
@@ -68,16 +68,16 @@ def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bo
     art = CACHE / f"artifact-{size}-{weights}-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
     try:
       verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera))
-      log(f"[demo] using cached artifact {art}")
+      log(f"[{tag}] using cached artifact {art}")
       return art
     except ArtifactError:
       pass
-    log(f"[demo] compiling the {size} reference models ({weights} weights) for {camera} on {device} (cached afterwards)")
+    log(f"[{tag}] compiling the {size} reference models ({weights} weights) for {camera} on {device} (cached afterwards)")
     from compile.build import compile_artifact
     t = time.perf_counter()
     report = compile_artifact(models["vision"].path, models["policy"].path, parse_camera(camera), device, art, log=log)
     log(report.table())
-    log(f"[demo] compiled in {time.perf_counter() - t:.1f}s")
+    log(f"[{tag}] compiled in {time.perf_counter() - t:.1f}s")
   return art
 
 

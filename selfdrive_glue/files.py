@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from selfdrive_glue.errors import UserError
 
 
 @contextlib.contextmanager
@@ -37,11 +40,11 @@ def check_replaceable(path: str | os.PathLike, markers: dict[str, str], what: st
   """Refuse, before any work, to replace `path` whole unless it is absent, an empty folder, or a folder of ours: one holding a
   marker file (name -> a key its JSON must have) that the tool wrote. A user's folder of models and notes is never ours to
   delete, and neither is a folder that holds one of the inputs."""
-  from selfdrive_glue.errors import UserError
   path = Path(path)
+  out = path.resolve()
   for src in inputs:
-    s, p = Path(src).resolve(), path.resolve()
-    if s == p or p in s.parents:
+    s = Path(src).resolve()
+    if s == out or out in s.parents:
       raise UserError(f"the input {src} lies inside the output folder {path}, which is replaced whole; write to another -o")
   if not path.exists() and not path.is_symlink():
     return
@@ -49,7 +52,6 @@ def check_replaceable(path: str | os.PathLike, markers: dict[str, str], what: st
     raise UserError(f"output path {path} exists and is not a folder; choose another -o")
   if not any(path.iterdir()):
     return
-  import json
   for name, key in markers.items():
     try:
       doc = json.loads((path / name).read_text())

@@ -136,7 +136,4 @@ def _default_artifact(segments, size: str, stand_in: bool):
   if road is None:
     raise UserError(f"segment {segments[0].path}: missing camera file {ROAD_CAMERA}")
   vr = VideoReader(road)
-
-  def log(m: str) -> None:  # the cache is the demo's, its lines are this command's
-    print("[replay]" + m[len("[demo]"):] if m.startswith("[demo]") else m, file=sys.stderr)
-  return cached_artifact(size, f"{vr.width}x{vr.height}", "CPU", log=log, stand_in=stand_in)
+  return cached_artifact(size, f"{vr.width}x{vr.height}", "CPU", log=lambda m: print(m, file=sys.stderr), stand_in=stand_in, tag="replay")
