@@ -243,7 +243,8 @@ def catalogue() -> list[Case]:
   add(Case("install bundle is a file", lambda ws: ["install", _copy_tree(ws.op, ws.s("op1")), "--bundle", _write(ws.s("bfile"), "x")]))
   add(Case("install pubkey is a folder", lambda ws: ["install", _copy_tree(ws.op, ws.s("op2")), "--bundle", ws.s("no-bundle"),
                                                      "--pubkey", ws.keys]))
-  add(Case("uninstall never installed", lambda ws: ["uninstall", _copy_tree(ws.op, ws.s("op3"))]))
+  # nothing to undo is not an error (as `apt remove` / `pip uninstall` of what is absent): a control, tree left untouched
+  add(Case("uninstall never installed", lambda ws: ["uninstall", _copy_tree(ws.op, ws.s("op3"))], expect="ok"))
   add(Case("uninstall missing", lambda ws: ["uninstall", ws.s("no-op")]))
   # smoke / doctor / demo / train / serve
   add(Case("smoke missing bundle", lambda ws: ["smoke", "--bundle", ws.s("no-bundle")]))
