@@ -96,7 +96,7 @@ class Workspace:
 
 
 def _cli(*args) -> list[str]:
-  return [sys.executable, "-m", "modeld_msm.cli", *map(str, args)]
+  return [sys.executable, "-m", "cli.main", *map(str, args)]
 
 
 def _ok(*args) -> None:

@@ -65,9 +65,10 @@ def _feeds(path: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def worker(models: Path, device: str, iters: int, precision: str, profile: bool = False) -> dict:
   """Runs in a fresh process: compile, then time the artifact and per-model TinyJits (in the artifact's precision)."""
-  from compile.artifact import load_programs, verify_artifact
-  from compile.build import compile_artifact, frame_tensor
-  from compile.program import HostInputs
+  from artifact.format import verify_artifact
+  from artifact.load import frame_tensor, load_programs
+  from compile.build import compile_artifact
+  from modeld_msm.host_inputs import HostInputs
   from selfdrive_glue.nv12 import nv12_info
   res: dict = {"device": device, "env": {k: os.environ[k] for k in ("BEAM", "NUM_CPU_THREADS") if k in os.environ}}
   out = Path(tempfile.mkdtemp(prefix="bench_compile_")) / "artifact"
@@ -286,7 +287,7 @@ def table(rows: list[dict], peak: float | None = None) -> str:
   lines.append("times in ms (p50/p99 per call; tinygrad, onnxruntime each alone in a fresh process); ratio = tinygrad p50 / onnxruntime p50;\n"
                "'vs ORT v+p' = fused step (incl. 2 warps) / (ORT vision + ORT policy); compile = wall time of compile_artifact incl. its "
                "validation;\n[L = CPU layout (compile/cpu_layout.py), Bn = shipped BEAM=n kernel search (compile/cpu_search.py), - = off, "
-               "Tn = kernels split into n parts run concurrently (compile/cpu_threads.py)]; "
+               "Tn = kernels split into n parts run concurrently (artifact/cpu_threads.py)]; "
                "load = 1-min loadavg before-after (the box is shared: compare ratios within one run)")
   for r in rows:
     if r.get("profile"):

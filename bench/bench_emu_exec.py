@@ -41,7 +41,7 @@ def cpu_line() -> str:
 
 def build(size: str, work: Path) -> tuple[Path, Path]:
   models, q, c = work / f"models-{size}", work / f"qcom-{size}", work / f"cpu-{size}"
-  cli = [sys.executable, "-m", "modeld_msm.cli"]
+  cli = [sys.executable, "-m", "cli.main"]
   if not (models / "driving_policy.onnx").exists():
     subprocess.run([*cli, "models", "--size", size, "-o", models], check=True, cwd=REPO)
   for dev, out in (("QCOM", q), ("CPU", c)):

@@ -29,7 +29,7 @@ from backend import timeline as tl  # noqa: E402
 def build_artifact(size: str, work: Path) -> Path:
   """Reference models of `size` compiled for QCOM through the CLI (the same path a release build takes)."""
   models, art = work / f"models_{size}", work / f"qcom_{size}"
-  cli = [sys.executable, "-m", "modeld_msm.cli"]
+  cli = [sys.executable, "-m", "cli.main"]
   subprocess.run([*cli, "models", "--size", size, "-o", str(models)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
   t = time.perf_counter()
   r = subprocess.run([*cli, "compile", "--vision", str(models / "driving_vision.onnx"), "--policy", str(models / "driving_policy.onnx"),

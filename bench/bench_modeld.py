@@ -39,7 +39,7 @@ def pct(a, q):
 def bench(size: str, frames: int, camera: str) -> dict:
   os.environ.setdefault("OPENPILOT_PREFIX", f"bench{uuid.uuid4().hex[:6]}")
   from modeld_msm.core import Frame, ModeldCore
-  from modeld_msm.demo import cached_artifact
+  from offcar.demo import cached_artifact
   from selfdrive_glue import messaging
   from selfdrive_glue.nv12 import parse_camera
   from selfdrive_glue.road_render import RoadScene

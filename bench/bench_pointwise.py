@@ -3,9 +3,9 @@ tinygrad's own kernel for the same convolution, and both against the machine's m
 
 For every distinct pointwise convolution shape of the model (batch 1, fp32, as the CPU artifact computes it):
   * tinygrad: `x.conv2d(w, b)` captured in a TinyJit under BEAM=--beam (1 by default, as the shipped search records;
-    0 = tinygrad's heuristic), split into the CPU thread count's parts and run on all cores (compile/cpu_threads.py);
+    0 = tinygrad's heuristic), split into the CPU thread count's parts and run on all cores (artifact/cpu_threads.py);
   * ours: the same convolution through compile/cpu_pointwise.py in a TinyJit, same parts, same cores.
-Both JITs are replayed as a loaded artifact replays its step (compile/cpu_replay.py). Each call is timed cold, with the
+Both JITs are replayed as a loaded artifact replays its step (artifact/cpu_replay.py). Each call is timed cold, with the
 caches as a step leaves them (every level evicted, the inputs read back in, the output cold: compile/cpu_tune.py's
 measure), and warm, back to back; the two kernels take turns. Medians are printed with the ratio tinygrad / ours.
 
@@ -67,7 +67,8 @@ def bench_shape(cin: int, cout: int, h: int, w: int, beam: int, reps: int) -> di
   from tinygrad import Tensor, TinyJit
   from tinygrad.helpers import Context
 
-  from compile import cpu_pointwise, cpu_replay
+  from artifact import cpu_replay
+  from compile import cpu_pointwise
   rng = np.random.default_rng(0)
   x = Tensor(rng.standard_normal((1, cin, h, w), dtype=np.float32)).realize()
   wt, b = rng.standard_normal((cout, cin, 1, 1), dtype=np.float32), rng.standard_normal(cout, dtype=np.float32)
@@ -79,7 +80,7 @@ def bench_shape(cin: int, cout: int, h: int, w: int, beam: int, reps: int) -> di
     for _ in range(3):
       a, o = tg(x), ours(x)
   err = float(np.abs(a.numpy() - o.numpy()).max())
-  # replayed as artifacts run (compile/cpu_replay.py): the kernel and a few us of call, not tinygrad's JIT dispatch
+  # replayed as artifacts run (artifact/cpu_replay.py): the kernel and a few us of call, not tinygrad's JIT dispatch
   tg_r, ours_r = cpu_replay.CpuReplay(tg, "CPU"), cpu_replay.CpuReplay(ours, "CPU")
   tg_r(x), ours_r(x)
   fns, bufs = {"tinygrad": lambda: tg_r(x), "ours": lambda: ours_r(x)}, {"tinygrad": [x, W, B], "ours": [x, wpad, bpad]}
@@ -93,8 +94,9 @@ def main() -> int:
   ap.add_argument("--reps", type=int, default=15)
   ap.add_argument("--seed", type=int, default=0, help="seed of the reference models")
   args = ap.parse_args()
+  from artifact import cpu_threads
   from bench.bench_compile import peak_gflops
-  from compile import cpu_threads, refmodels
+  from compile import refmodels
   from compile.precision import cpu_info
   cpu_threads.install("CPU")
   with tempfile.TemporaryDirectory(prefix="bench-pointwise-") as td:

@@ -40,7 +40,7 @@ STDERR_TAIL = 12  # lines of a failed child's stderr repeated on ours
 
 def build_artifact(size: str, camera: str) -> Path:
   """The reference models compiled for CPU, from the cache `modeld-msm demo` and `replay` share (built once)."""
-  from modeld_msm.demo import cached_artifact
+  from offcar.demo import cached_artifact
   return cached_artifact(size, camera, "CPU", log=lambda m: print(m, flush=True))
 
 
@@ -59,7 +59,7 @@ def decode_only(segments) -> tuple[int, float]:
 
 
 def timed_replay(segments, artifact: Path, jobs: int, out: Path) -> tuple[int, float]:
-  from modeld_msm.replay import replay_many
+  from offcar.replay import replay_many
   t = time.perf_counter()
   res = replay_many(segments, artifact, out, jobs=jobs, progress=False)
   wall = time.perf_counter() - t
@@ -72,7 +72,7 @@ def timed_ray(segments, artifact: Path, workers: int, out: Path, cluster_up: boo
   """--engine ray with `workers` actors; cluster_up: the local cluster is started before the clock (not counted)."""
   import ray
 
-  from modeld_msm.replay_ray import replay_ray
+  from offcar.replay_ray import replay_ray
   if cluster_up:
     ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING)
   try:

@@ -54,7 +54,7 @@ def ray_rows(segs: list[Path], art: Path, dev: str, per_gpu: list[int], out: Pat
   """--engine ray with 1/k of a GPU per actor, for each k; frames/s per GPU used. ref: --jobs 1 outputs to compare with."""
   import ray
 
-  from modeld_msm.replay_ray import replay_ray
+  from offcar.replay_ray import replay_ray
   from selfdrive_glue.route import open_segment
   os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report (the GPU hosts reach nothing outside)
   rows = []
@@ -114,7 +114,7 @@ def main() -> int:
   from compile.build import compile_artifact
   from compile.precision import cpu_info
   from compile.refmodels import write_models
-  from modeld_msm.replay import replay_many
+  from offcar.replay import replay_many
   from selfdrive_glue.route import open_segment
   from selfdrive_glue.synth import synth_route
   work = Path(tempfile.mkdtemp(prefix="bench_replay_gpu_"))

@@ -336,7 +336,7 @@ def local_rows(artifact: Path) -> None:
     row("disk full (replay output)", "RLIMIT_FSIZE 64 KiB, SIGXFSZ ignored: write -> EFBIG",
         f"{p.stdout.strip() or p.stderr[-200:]}: LogWriter aborted", "-", "-", f"files left: {left or 'none'}")
 
-  # disk full while writing an artifact over an existing one: compile's last step (compile/artifact.py write_artifact), the
+  # disk full while writing an artifact over an existing one: compile's last step (artifact/format.py write_artifact), the
   # real artifact's pickles, in a child with RLIMIT_FSIZE 1 MiB (the full CLI compile: tests/test_artifact_disk_full.py)
   with __import__("tempfile").TemporaryDirectory() as d:
     out = Path(d) / "art"
@@ -348,7 +348,7 @@ def local_rows(artifact: Path) -> None:
       sys.path.insert(0, {str(REPO)!r})
       signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
       resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-      from compile.artifact import METADATA, POLICY_PKL, WARP_PKL, write_artifact
+      from artifact.format import METADATA, POLICY_PKL, WARP_PKL, write_artifact
       from selfdrive_glue.errors import UserError
       src = Path({str(artifact)!r})
       try:
@@ -375,7 +375,7 @@ def main() -> int:
   only = args.only or ["gpu", "process", "local"]
   art = args.artifact
   if art is None and ("process" in only or "local" in only):
-    from modeld_msm.demo import cached_artifact
+    from offcar.demo import cached_artifact
     art = cached_artifact("tiny", "1928x1208", "CPU", log=lambda *_: None)
   print("class | injected | what modeld did | frames lost | recovery | leaked")
   if "gpu" in only:

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # module -> the tests that own its behaviour
 TARGETS = {
-  "modeld_msm/replay.py": ["tests/test_replay.py"],
-  "modeld_msm/frame_map.py": ["tests/test_replay.py"],
+  "offcar/replay.py": ["tests/test_replay.py"],
+  "offcar/frame_map.py": ["tests/test_replay.py"],
   "modeld_msm/parse_outputs.py": ["tests/test_parse_outputs.py"],
   "modeld_msm/actions.py": ["tests/test_actions.py"],
   "modeld_msm/fill_msg.py": ["tests/test_fill_msg.py"],

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from selfdrive_glue.files import write_atomic
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -164,10 +166,7 @@ def modeld_child(argv: list[str], stats_file: str) -> int:
         d.update({"gem_handles": n.live_handles, "bo_mem_kb": n.mem_used // 1024, "jobs_in_flight": len(ring),
                   "bos_in_flight": sum(len(j.bos) for j in ring), "faults_counted": len(n.stats.reported),
                   "page_faults": n.stats.page_faults})
-      tmp = stats_file + ".tmp"
-      with open(tmp, "w") as f:
-        json.dump(d, f)
-      os.replace(tmp, stats_file)
+      write_atomic(stats_file, json.dumps(d))
   threading.Thread(target=report, daemon=True).start()
   from modeld_msm import modeld
   sys.argv = ["modeld", *argv]
@@ -178,7 +177,7 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
         period_ms: float | None = None) -> dict:
   prefix = f"soak{uuid.uuid4().hex[:6]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
-  from modeld_msm.demo import cached_artifact
+  from offcar.demo import cached_artifact
   from selfdrive_glue import messaging
   if config == "cpu":
     art = artifact or cached_artifact("tiny", "1928x1208", "CPU", log=lambda *_: None)
@@ -187,7 +186,7 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
     if artifact is None:
       raise SystemExit("--artifact QCOM_DIR is needed for EMU configs (modeld-msm compile --device QCOM)")
     art = artifact
-    # MODELD_DEV is what the artifact loader opens (compile/artifact.py activate_target); EMU only when asked for by name
+    # MODELD_DEV is what the artifact loader opens (artifact/load.py activate_target); EMU only when asked for by name
     env_dev = {"MODELD_DEV": "EMU+QCOM:IR3", "DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1" if config == "emu-b" else "0"}
   stats_file = f"/tmp/{prefix}-node.json"
   env = {**os.environ, "PYTHONUNBUFFERED": "1", **env_dev}
@@ -207,7 +206,7 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
     # the camera starts once modeld has loaded, so the soak's frames are all offered to a running modeld
     period_ms = period_ms or (1000.0 if config == "emu-b" else 50.0)
     seconds = frames * period_ms / 1000 if seconds_max is None else min(frames * period_ms / 1000, seconds_max)
-    camera = subprocess.Popen([sys.executable, "-m", "modeld_msm.demo_camera", "--camera", "1928x1208", "--seconds", str(seconds + 180),
+    camera = subprocess.Popen([sys.executable, "-m", "offcar.demo_camera", "--camera", "1928x1208", "--seconds", str(seconds + 180),
                                "--period-ms", str(period_ms)], env=env, stdout=clog, stderr=subprocess.STDOUT, cwd=REPO)
     first = None
     next_sample = 0.0

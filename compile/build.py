@@ -16,6 +16,7 @@ the whole step plan through the MSM submit path with strict BO validation, no GP
 """
 from __future__ import annotations
 
+import collections
 import os
 import platform
 import tempfile
@@ -26,12 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from compile import artifact as art_mod
-from compile import cpu_layout, cpu_search, cpu_threads, preflight
+from artifact import cpu_threads
+from artifact import format as art_mod
+from artifact.jit_pickle import pickle_programs, unpickle_programs
+from artifact.load import frame_tensor
+from compile import cpu_layout, cpu_search, preflight
 from compile import precision as precision_mod
-from compile.jit_pickle import pickle_programs, unpickle_programs
 from compile.metres import describe, metres_apart
 from compile.onnx_model import OnnxModelInfo, load_model_info
+from compile.program import DrivingProgram
+from modeld_msm.host_inputs import HostInputs
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import check_replaceable
 from selfdrive_glue.nv12 import NV12Info, nv12_info
@@ -72,15 +77,7 @@ class CompileReport:
     return "\n".join(lines)
 
 
-def frame_tensor(buf: np.ndarray, device: str):
-  """A flat uint8 device tensor over a camera buffer: zero-copy on CPU (the buffer must outlive the tensor)."""
-  from tinygrad import Tensor, dtypes
-  if device.split(":")[0] == "CPU":
-    return Tensor.from_blob(buf.ctypes.data, (buf.size,), dtype=dtypes.uint8, device=device)
-  return Tensor(buf, device=device)
-
-
-def _ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport, sess=None) -> None:
+def ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport, sess=None) -> None:
   from tinygrad import Tensor
   sess = sess or preflight.ort_session(info)
   worst = 0.0
@@ -186,7 +183,6 @@ def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, devi
   the models, the CPU layout from rewritten ones plus its op table (compile/cpu_layout.py); onnxruntime still checks the
   originals. layout None: as compile_artifact chooses it for `device`. The rewrite counts are on the program as
   `layout_rewrites`."""
-  from compile.program import DrivingProgram
   if layout is None:
     layout, _ = cpu_layout.choose(device, os.environ.get("MODELD_CPU_LAYOUT", "auto"))
   if compute != "fp32" and not layout:
@@ -239,7 +235,6 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   if searched:
     cpu_search.install(searched)
   with Context(**flags, **beam):
-    from compile.program import HostInputs
     nv = nv12_info(*camera)
     log(f"[compile] loading models for {camera[0]}x{camera[1]} on {capture_target} in {compute}")
     for info in (vinfo, pinfo):
@@ -255,8 +250,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     rng = np.random.default_rng(42)
     t = time.perf_counter()
     log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
-    _ort_check(vinfo, prog.vision, rng, report, sessions["vision"])
-    _ort_check(pinfo, prog.policy, rng, report, sessions["policy"])
+    ort_check(vinfo, prog.vision, rng, report, sessions["vision"])
+    ort_check(pinfo, prog.policy, rng, report, sessions["policy"])
     report.timings["onnxruntime check"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -315,7 +310,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
                    "dense_conv_materialised": use_layout, "elu_own_kernel": use_layout,
                    # convolutions run on compile/cpu_pointwise.py's kernel (MODELD_CPU_POINTWISE=0: none)
                    "pointwise_kernel": {m: len(getattr(getattr(prog, m), "cpu_pointwise", {})) for m in ("vision", "policy")}},
-    # kernels were split into this many parts, run concurrently at load (compile/cpu_threads.py)
+    # kernels were split into this many parts, run concurrently at load (artifact/cpu_threads.py)
     "cpu_threads": threads,
     "search": {"used": searched is not None, "why": search_why, "beam": searched["beam"] if searched else None,
                "kernels": len(searched["entries"]) if searched else 0,
@@ -351,7 +346,6 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
   """QCOM: the pickles, loaded back and executed on the emulated a630, replay through the MSM submit path with every
   submit passing the node's (strict) BO validation, no GPU fault, and the unjitted program's outputs.
   -> each kernel's estimated a630 time (us) from the work it executed."""
-  import collections
 
   from tinygrad import Device
 

@@ -29,6 +29,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from compile import cpu_pointwise
 from selfdrive_glue.errors import UserError
 
 LAYOUTS = ("auto", "on", "off")
@@ -111,7 +112,6 @@ def fuse_conv_elu(g) -> int:
   Returns how many pairs were fused. Where the kernel does not apply after all (the input's shape), Conv runs the Elu."""
   from onnx import helper
 
-  from compile import cpu_pointwise
   inits = {i.name: list(i.dims) for i in g.initializer}
   readers: dict[str, list[Any]] = {}
   for n in g.node:
@@ -144,7 +144,6 @@ def cpu_ops(base: dict[str, Any], constants: dict[int, Any] | None = None, point
   the padded (weights, bias) per weight id, the pointwise convolutions this table ran."""
   from tinygrad import Tensor, dtypes
 
-  from compile import cpu_pointwise
 
   conv = base["Conv"]
   if not isinstance(conv, types.FunctionType):

@@ -12,7 +12,7 @@ The kernel computes out[co, p] = bias[co] + sum_ci w[co, ci] * x[ci, p] over NCH
     tile reads no further than its buffer (a tile's MR weight rows are MR sequential streams);
   * the vector width is the target's, chosen by the preprocessor under tinygrad's -march=native (16 lanes with AVX-512,
     8 with AVX, else 4), with a tile that fits that ISA's vector registers;
-  * pixel blocks are split over tinygrad's `core_id` parts, so compile/cpu_threads.py runs them on every core.
+  * pixel blocks are split over tinygrad's `core_id` parts, so artifact/cpu_threads.py runs them on every core.
 It enters tinygrad through its own API (Tensor.custom_kernel returning a PROGRAM with our SOURCE, compiled by the CPU
 device's compiler), so JIT capture, the artifact's pickle and the replay see an ordinary CPU program. The arithmetic is
 a plain fp32 sum in ci order (no reassociation flags), checked against onnxruntime by the compile step like the rest.
@@ -24,6 +24,8 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
+from artifact import cpu_threads
 
 # a tile is MR output channels x NV vectors of VW pixels, per ISA: AVX-512 6x4 of 16 lanes (24 of its 32 vector registers;
 # 6x4 ran 1.0-1.5x faster than 12x2, 6x2, 4x4 or 3x8 on every shape of the model), AVX/AVX2 6x2 of 8 (12 of 16),
@@ -142,7 +144,6 @@ def conv(x, wp, bias, cout: int, parts: int | None = None, elu_alpha: float | No
   from tinygrad.renderer import Estimates
   from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
-  from compile import cpu_threads
 
   _, cin, h, w = x.shape
   pixels, parts = h * w, parts or cpu_threads.count()

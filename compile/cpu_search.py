@@ -10,13 +10,11 @@ search reads first) and captures under BEAM: every kernel is then a cache hit, c
 A compile of anything else keeps the heuristic: a miss under BEAM would start the search the table exists to avoid.
 
 The table is JSON (op names and integers), not pickles: it is reviewed data, and loading it runs nothing.
-The recorded set is recorded in the artifact's manifest ("search").
-
-  .venv/bin/python -m compile.cpu_search record --size full --beam 1   # minutes to an hour; appends/replaces one set
-  .venv/bin/python -m compile.cpu_search tune --size full --top 12     # then a steadier look at the slowest kernels (cpu_tune.py)
+The recorded set is recorded in the artifact's manifest ("search"). Recording, tuning and re-keying: compile/cpu_record.py.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -24,30 +22,41 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tinygrad.codegen.opt import Opt, OptOps
+from tinygrad.helpers import CACHELEVEL, IGNORE_BEAM_CACHE, diskcache_put
+
+from artifact import cpu_threads
+from artifact.format import installed_versions
+from compile.precision import cpu_info
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import write_atomic
 
 TABLE = Path(__file__).with_name("cpu_search_table.json")
-# sha256 of the shipped table, kept in this source file on purpose: cached artifacts (modeld_msm/demo.py) are keyed by the
+# sha256 of the shipped table, kept in this source file on purpose: cached artifacts (offcar/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
-TABLE_SHA256: str | None = "9dd3ad64b573f3da036e731b1c755811eaaa4e281c9811236b79e2491b853382"
+TABLE_SHA256: str | None = "c5f30d6638ac6cad55337f38f1467f14e82ca11bb58995ed4bfcfb9b84c2e8ac"
 SEARCHES = ("auto", "off", "untuned")
 # which level's set to borrow where none is shipped for this CPU's: the nearest first
 ISA_PREFERENCE = ("avx2", "avx512", "neon", "base")
 FORMAT = 1
 
 
-def load_table(path: Path = TABLE) -> dict[str, Any]:
+TABLE_ENV = "MODELD_CPU_SEARCH_TABLE"   # a candidate table to compile with instead (compile/cpu_record.py rekey, A/B runs)
+
+
+def load_table(path: Path | None = None) -> dict[str, Any]:
+  path = path or Path(os.environ.get(TABLE_ENV) or TABLE)
   if not path.is_file():
     return {"format": FORMAT, "sets": []}
   data = path.read_bytes()
   if path == TABLE and hashlib.sha256(data).hexdigest() != TABLE_SHA256:
     raise UserError(f"{path.name} does not match the sha256 recorded in compile/cpu_search.py; re-record it "
-                    "(python -m compile.cpu_search record) or remove it")
+                    "(python -m compile.cpu_record record) or remove it")
   table = json.loads(data)
   if table.get("format") != FORMAT:
     raise UserError(f"{path.name}: search table format {table.get('format')!r}, expected {FORMAT}; "
-                    "regenerate it (python -m compile.cpu_search record)")
+                    "regenerate it (python -m compile.cpu_record record)")
   return table
 
 
@@ -58,7 +67,6 @@ KERNEL_SOURCES = ("program.py", "warp.py", "cpu_layout.py", "cpu_pointwise.py")
 
 def code_fingerprint() -> str:
   """Of the code, not its text: the syntax trees without docstrings, so fixing a comment or a docstring keeps the sets."""
-  import ast
   h = hashlib.sha256()
   for name in KERNEL_SOURCES:
     tree = ast.parse(Path(__file__).with_name(name).read_text())
@@ -75,12 +83,9 @@ def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, i
               threads: int | None = None, isa: str | None = None) -> dict[str, Any]:
   """What a recorded set must share with a compile for its kernels to be the same ones: a kernel missing from the set
   would be searched under BEAM, the wait the table exists to spare. The thread count is part of it: tinygrad splits
-  kernels into that many parts (compile/cpu_threads.py), so another count gives other kernels. The ISA level is part of it
+  kernels into that many parts (artifact/cpu_threads.py), so another count gives other kernels. The ISA level is part of it
   too: the kernels are the same, but opts timed on AVX-512 are not the best on AVX2 (choose() falls back to another level's
   set, and says so, where this one has none)."""
-  from compile import cpu_threads
-  from compile.artifact import installed_versions
-  from compile.precision import cpu_info
   return {"tinygrad": installed_versions()["tinygrad"], "device": device, "precision": precision, "layout": layout, "camera": list(camera),
           "threads": cpu_threads.count() if threads is None else threads, "models": dict(sorted(model_sha256.items())), "code": code_fingerprint(),
           "isa": cpu_info().isa if isa is None else isa}
@@ -88,7 +93,6 @@ def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, i
 
 def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str]:
   """-> (the recorded set to use or None, why)."""
-  from tinygrad.helpers import CACHELEVEL, IGNORE_BEAM_CACHE
   if requested not in SEARCHES:
     raise UserError(f"unknown search {requested!r}: use one of {', '.join(SEARCHES)}")
   if requested == "off":
@@ -104,7 +108,7 @@ def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = N
   for s in exact or sorted(other, key=lambda s: ISA_PREFERENCE.index(s["match"].get("isa")) if s["match"].get("isa") in ISA_PREFERENCE else 99):
     why = f"shipped BEAM={s['beam']} search for these models ({len(s['entries'])} kernels, recorded on {s['recorded_on']}"
     why += ")" if exact else (f" for ISA level {s['match'].get('isa')}; none is shipped for this CPU's {key.get('isa')}, so its opts are "
-                              "used as they are: record one with `python -m compile.cpu_search record` on such a CPU)")
+                              "used as they are: record one with `python -m compile.cpu_record record` on such a CPU)")
     if requested == "untuned":
       return untuned(s), why + ", without the tuner's changes"
     return s, why + (f", {n} tuned" if (n := tuned_count(s)) else "")
@@ -135,105 +139,30 @@ def opts_json(opts) -> list[list[Any]]:
 
 def install(recorded: dict[str, Any]) -> int:
   """Put a recorded set into tinygrad's search cache, keyed exactly as its beam search looks kernels up."""
-  from tinygrad.codegen.opt import Opt, OptOps
-  from tinygrad.helpers import diskcache_put
   for e in recorded["entries"]:
     key = search_key(bytes.fromhex(e["ast"]), recorded["beam"], e["allow_test_size"], e["device"], e["suffix"])
     diskcache_put("beam_search", key, [Opt(OptOps[op], axis, tuple(arg) if isinstance(arg, list) else arg) for op, axis, arg in e["opts"]])
   return len(recorded["entries"])
 
 
-def export(db: Path, beam: int) -> list[dict[str, Any]]:
-  """The BEAM=beam entries of a tinygrad search cache file (one written by our own recording run) as JSON-able rows."""
-  import pickle
-  import sqlite3
-
-  from tinygrad.helpers import VERSION
-  con = sqlite3.connect(str(db))
-  try:
-    rows = con.execute(f"SELECT ast, amt, allow_test_size, device, suffix, val FROM 'beam_search_{VERSION}' WHERE amt=?", (beam,)).fetchall()
-  finally:
-    con.close()
-  out = []
-  for ast, _amt, ats, device, suffix, val in rows:
-    opts = pickle.loads(val)   # our own recording run's cache file, written moments before by tinygrad
-    out.append({"ast": ast.hex(), "allow_test_size": bool(ats), "device": device, "suffix": suffix, "opts": opts_json(opts)})
-  return sorted(out, key=lambda e: e["ast"])
-
-
-def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout: str, table_path: Path = TABLE, seed: int = 0) -> dict[str, Any]:
-  """Search the reference models' kernels once (a compile in a child under BEAM with a fresh cache file) and store the
-  result as one set of the table, replacing a set with the same match key."""
-  import subprocess
-  import sys
-  import tempfile
-
-  from compile import cpu_layout
-  from compile import precision as precision_mod
-  from compile.onnx_model import sha256_file
-  from compile.refmodels import write_models
-  with tempfile.TemporaryDirectory(prefix="modeld-msm-search-") as td:
-    models = write_models(Path(td) / "models", size, seed)
-    db = Path(td) / "search.db"
-    code = ("import sys; from compile.build import compile_artifact; "
-            f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(camera)!r}, 'CPU', "
-            f"{str(Path(td) / 'artifact')!r}, precision={precision!r}, layout={layout!r}, search='off')")
-    # the search times kernels split for, and run on, this machine's cores, their parts in parallel as the runtime runs them
-    # (compile/cpu_threads.py); the set only matches a compile with the same thread count
-    env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "PARALLEL": str(os.cpu_count() or 1), "MODELD_CPU_PARTS": "parallel"}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).resolve().parents[1])
-    compute, _ = precision_mod.choose("CPU", precision)
-    use_layout, _ = cpu_layout.choose("CPU", layout)
-    key = match_key(device="CPU", precision=compute, layout=use_layout, camera=camera,
-                    model_sha256={k: sha256_file(m.path) for k, m in models.items()})
-    entries = export(db, beam)
-  cpu = precision_mod.cpu_info()
-  recorded = {"match": key, "beam": beam, "recorded_on": f"{cpu.model} ({cpu.cores} cores)", "size": size, "seed": seed, "entries": entries}
-  store(recorded, table_path)
-  return recorded
-
-
-def tune(size: str, camera: tuple[int, int], precision: str, layout: str, top: int, table_path: Path = TABLE, seed: int = 0,
-         budget: int | None = None, new: bool = False, log=print) -> dict[str, Any]:
-  """Re-search the slowest kernels of a recorded set's step (compile/cpu_tune.py) and store the set back. `new`: with no
-  recorded set, start one from tinygrad's heuristic opts (minutes instead of a BEAM recording's tens of minutes)."""
-  import tempfile
-
-  from compile import cpu_layout, cpu_threads, cpu_tune
-  from compile import precision as precision_mod
-  from compile.onnx_model import sha256_file
-  from compile.refmodels import write_models
-  if cpu_threads.mode() != "parallel":
-    raise UserError("tune times kernels as the runtime runs them: unset MODELD_CPU_PARTS (parallel)")
-  compute, _ = precision_mod.choose("CPU", precision)
-  use_layout, _ = cpu_layout.choose("CPU", layout)
-  with tempfile.TemporaryDirectory(prefix="modeld-msm-tune-") as td:
-    models = write_models(Path(td) / "models", size, seed)
-    key = match_key(device="CPU", precision=compute, layout=use_layout, camera=camera,
-                    model_sha256={k: sha256_file(m.path) for k, m in models.items()})
-    recorded = next((s for s in load_table(table_path)["sets"] if s["match"] == key), None)
-    if recorded is None and new:
-      cpu = precision_mod.cpu_info()
-      recorded = {"match": key, "beam": 1, "recorded_on": f"{cpu.model} ({cpu.cores} cores)", "size": size, "seed": seed,
-                  "entries": [], "start": "heuristic"}
-    if recorded is None:
-      raise UserError(f"no recorded set for {size} models, {camera[0]}x{camera[1]}, {compute}, {key['threads']} threads: "
-                      "record one first (python -m compile.cpu_search record), or start one with tune --new")
-    cpu_tune.tune(recorded, {k: m.path for k, m in models.items()}, camera, compute, use_layout, top, key["threads"], log, budget)
-  store(recorded, table_path)
-  return recorded
+def table_bytes(table: dict[str, Any]) -> bytes:
+  return (json.dumps(table, indent=1, sort_keys=True) + "\n").encode()
 
 
 def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
   """Add one recorded set to the table, replacing a set with the same match key and dropping sets recorded for other kernel
-  code (they can never match again); for the shipped table, also its sha256 here (in this file, and in this process: a
-  second store in the same run reads the table back against it)."""
-  global TABLE_SHA256
-  from selfdrive_glue.files import write_atomic
+  code (they can never match again)."""
   table = load_table(table_path)
   code = recorded["match"]["code"]
   table["sets"] = [s for s in table["sets"] if s["match"] != recorded["match"] and s["match"]["code"] == code] + [recorded]
-  data = (json.dumps(table, indent=1, sort_keys=True) + "\n").encode()
+  write_table(table, table_path)
+
+
+def write_table(table: dict[str, Any], table_path: Path = TABLE) -> None:
+  """For the shipped table, also its sha256 here (in this file, and in this process: a second store in the same run reads
+  the table back against it)."""
+  global TABLE_SHA256
+  data = table_bytes(table)
   if table_path == TABLE:
     src = Path(__file__)
     sha = hashlib.sha256(data).hexdigest()
@@ -245,35 +174,3 @@ def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
     TABLE_SHA256 = sha
   else:
     write_atomic(table_path, data)
-
-
-def main() -> int:
-  import argparse
-
-  from selfdrive_glue.nv12 import parse_camera
-  ap = argparse.ArgumentParser(description="record the shipped CPU kernel search for the reference models")
-  ap.add_argument("cmd", choices=("record", "tune"))
-  ap.add_argument("--size", default="full")
-  ap.add_argument("--camera", default="1928x1208")
-  ap.add_argument("--beam", type=int, default=1)
-  ap.add_argument("--precision", default="fp32")
-  ap.add_argument("--layout", default="auto")
-  ap.add_argument("--top", type=int, default=12, help="tune: how many of the step's slowest kernels to re-search")
-  ap.add_argument("--new", action="store_true", help="tune: with no recorded set, start one from tinygrad's heuristic opts")
-  a = ap.parse_args()
-  if a.cmd == "tune":
-    r = tune(a.size, parse_camera(a.camera), a.precision, a.layout, a.top, new=a.new)
-    print(f"{tuned_count(r)} kernels of the set differ from its search ({a.top} re-searched this pass) in {TABLE}")
-    return 0
-  r = record(a.size, parse_camera(a.camera), a.beam, a.precision, a.layout)
-  print(f"recorded {len(r['entries'])} kernels into {TABLE}")
-  return 0
-
-
-if __name__ == "__main__":
-  import sys
-  try:
-    raise SystemExit(main())
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    raise SystemExit(e.exit_code) from None

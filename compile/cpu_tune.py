@@ -14,22 +14,31 @@ keeps the output hot, which ranks tiles differently: the 96->288 pointwise convo
 8x8 tile in a loop, 1.92 ms evicted this way and 1.83 ms in the step; for the 288->96 one a 4x16 tile timed best in a loop
 and 60 % slower than 8x8 evicted.
 
-  .venv/bin/python -m compile.cpu_search tune --size full --top 12   # ~30 s a kernel on 2 cores
+  .venv/bin/python -m compile.cpu_record tune --size full --top 12   # ~30 s a kernel on 2 cores
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import math
+import re
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from artifact import cpu_threads
+from artifact.load import frame_tensor
+from compile import cpu_search
+from compile.build import CompileReport, build_program, ort_check
 from compile.cpu_search import opts_json, search_key
+from compile.onnx_model import load_model_info
+from modeld_msm.host_inputs import HostInputs
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.nv12 import nv12_info
 
 # a candidate must beat the recorded opts' median by this much: below it, the pick would follow the noise
 MARGIN = 0.05
@@ -85,7 +94,6 @@ def _observing_searches(seen: dict[str, Kernel], entries: list[dict[str, Any]] |
 
 
 def _plain_name(s) -> str:
-  import re
   name = s.get_optimized_ast().arg.name
   return re.sub(r"\x1b\[[0-9;]*m", "", name)
 
@@ -94,16 +102,10 @@ def step_kernels(recorded: dict[str, Any], models: dict[str, Path], camera: tupl
                  layout: bool) -> list[Kernel]:
   """Every kernel a compile of these models lowers (the step, the warp alone, each model alone as its onnxruntime check
   feeds it), each once, as the set lowers it. A set without entries is filled with tinygrad's heuristic opts."""
-  import tempfile
 
   import numpy as np
   from tinygrad.helpers import Context
 
-  from compile import cpu_search, cpu_threads
-  from compile.build import CompileReport, _ort_check, build_program, frame_tensor
-  from compile.onnx_model import load_model_info
-  from compile.program import HostInputs
-  from selfdrive_glue.nv12 import nv12_info
   cpu_threads.install("CPU")
   cpu_search.install(recorded)
   nv = nv12_info(*camera)
@@ -113,8 +115,8 @@ def step_kernels(recorded: dict[str, Any], models: dict[str, Path], camera: tupl
   with Context(BEAM=recorded["beam"]), _observing_searches(seen, fill), tempfile.TemporaryDirectory() as td:
     prog = build_program(vinfo, pinfo, nv, "CPU", precision, layout=layout)
     rng = np.random.default_rng(0)
-    _ort_check(vinfo, prog.vision, rng, CompileReport(Path(td)))
-    _ort_check(pinfo, prog.policy, rng, CompileReport(Path(td)))
+    ort_check(vinfo, prog.vision, rng, CompileReport(Path(td)))
+    ort_check(pinfo, prog.policy, rng, CompileReport(Path(td)))
     pixels = rng.integers(0, 256, nv.size, dtype=np.uint8)   # the frame tensor is a view of it (frame_tensor): keep it
     frame = frame_tensor(pixels, "CPU")
     ht = HostInputs.zeros().tensors()
@@ -288,7 +290,7 @@ def tune(recorded: dict[str, Any], models: dict[str, Path], camera: tuple[int, i
   by_key = {e["ast"]: e for e in recorded["entries"]}
   kernels = [k for k in kernels if k.key in by_key]
   if not kernels:
-    raise UserError("none of the step's kernels is in the recorded set: record it first (python -m compile.cpu_search record)")
+    raise UserError("none of the step's kernels is in the recorded set: record it first (python -m compile.cpu_record record)")
   for k in tqdm(kernels, desc="[tune] timing the recorded kernels", unit="kernel", leave=False):
     k.ms = statistics.median(time_opts(k, k.recorded, 3) for _ in range(3))
   kernels.sort(key=lambda k: -k.ms)

@@ -6,13 +6,13 @@ metadata_props (base64 of a pickled dict name -> slice), input shapes from the g
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import sha256_file
 
 # name -> (shape, allowed element types); the real models feed fp16 graphs, our compile step feeds float32 casts
 VISION_INPUTS = {"img": ((1, 12, 128, 256), {"uint8"}), "big_img": ((1, 12, 128, 256), {"uint8"})}
@@ -39,14 +39,6 @@ class OnnxModelInfo:
   @property
   def output_width(self) -> int:
     return int(next(iter(self.output_shapes.values()))[1])
-
-
-def sha256_file(path: Path) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-      h.update(chunk)
-  return h.hexdigest()
 
 
 # what a pickle (protocols 0-5) of a dict of str -> slice(int | None, ...) names: slice is its only global; dict, str, int

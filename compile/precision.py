@@ -11,6 +11,7 @@ support is still detected and recorded, so the choice can be revisited if tinygr
 """
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,6 @@ class CpuInfo:
 
 
 def cpu_info(cpuinfo: str | None = None) -> CpuInfo:
-  import os
   text = cpuinfo if cpuinfo is not None else _read_cpuinfo()
   model: str | None = None
   flags: set[str] = set()

@@ -5,42 +5,21 @@ second warp-only JIT for dropped frames (image queues advance, the feature and d
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 from tinygrad.nn.onnx import OnnxRunner
 
 from compile.onnx_model import OnnxModelInfo
 from compile.warp import warp_nv12
+from modeld_msm.constants import DESIRE_LEN, FEATURE_LEN, FRAME_SKIP, INPUT_HISTORY_BUFFER_LEN, N_FRAMES
 from selfdrive_glue.nv12 import NV12Info
 
-FRAME_SKIP = 4            # MODEL_RUN_FREQ 20 / MODEL_CONTEXT_FREQ 5
-N_FRAMES = 2              # 12 input channels / 6 per frame
-HISTORY = 25              # policy timesteps
-FEATURE_LEN, DESIRE_LEN = 512, 8
+HISTORY = INPUT_HISTORY_BUFFER_LEN          # policy timesteps
 IMG_Q = FRAME_SKIP * (N_FRAMES - 1) + 1      # 5: rows 0 and 4 are frames t-4 and t
 FEAT_Q = FRAME_SKIP * (HISTORY - 1) + 1      # 97: rows 0, 4, ..., 96
 DESIRE_Q = FRAME_SKIP * HISTORY              # 100: max-pooled over groups of 4
-
-
-@dataclass
-class HostInputs:
-  """float32 numpy arrays the JIT reads live through NPY tensors (written in place by the caller every frame)."""
-  desire: np.ndarray
-  traffic_convention: np.ndarray
-  tfm: np.ndarray
-  big_tfm: np.ndarray
-
-  @staticmethod
-  def zeros() -> HostInputs:
-    return HostInputs(np.zeros(DESIRE_LEN, np.float32), np.zeros((1, 2), np.float32), np.zeros((3, 3), np.float32), np.zeros((3, 3), np.float32))
-
-  def tensors(self) -> dict[str, Tensor]:
-    # NPY tensors alias the numpy memory, so the captured JIT copies their current contents in on every call
-    return {k: Tensor(getattr(self, k), device="NPY") for k in ("desire", "traffic_convention", "tfm", "big_tfm")}
 
 
 def _push(q: Tensor, x: Tensor) -> Tensor:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import base64
 import math
-import os
 import pickle
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import write_atomic
 
 OPSET = 17
 IR_VERSION = 8  # the IR that goes with opset 17; newer onnx packages default to IRs older onnxruntimes refuse
@@ -234,7 +235,6 @@ def build_model(kind: str, size: str = "tiny", seed: int = 0):
   import onnx
   from onnx import TensorProto, helper
 
-  from selfdrive_glue.errors import UserError
   if size not in SIZES:
     raise UserError(f"unknown model size '{size}'; use one of: {', '.join(SIZES)}")
   if kind not in ("vision", "policy"):
@@ -306,7 +306,6 @@ def stand_in_model(kind: str):
   """The trained stand-in (tiny architecture, weights from `modeld-msm train`), shipped as package data."""
   import onnx
 
-  from selfdrive_glue.errors import UserError
   path = STAND_IN_DIR / f"driving_{kind}.onnx"
   if not path.is_file():
     raise UserError(f"the trained stand-in model {path} is missing from this install; reinstall modeld-msm or use random weights")
@@ -314,10 +313,9 @@ def stand_in_model(kind: str):
 
 
 def write_models(out_dir: str | Path, size: str = "tiny", seed: int = 0, stand_in: bool = False) -> dict[str, WrittenModel]:
-  """Write driving_vision.onnx and driving_policy.onnx into out_dir, each atomically (temp file + os.replace).
+  """Write driving_vision.onnx and driving_policy.onnx into out_dir, each atomically (selfdrive_glue.files.write_atomic).
 
   stand_in: the trained stand-in pair (tiny only; `seed` is then ignored) instead of random weights."""
-  from selfdrive_glue.errors import UserError
   if stand_in and size != "tiny":
     raise UserError(f"the trained stand-in exists for size 'tiny' only, not '{size}'; use random weights for '{size}'")
   out_dir = Path(out_dir)
@@ -332,16 +330,6 @@ def write_models(out_dir: str | Path, size: str = "tiny", seed: int = 0, stand_i
     model = stand_in_model(kind) if stand_in else build_model(kind, size, seed)
     data = model.SerializeToString()
     path = out_dir / f"driving_{kind}.onnx"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=out_dir)
-    try:
-      with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-      os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary shareable model files
-      os.replace(tmp, path)
-    except BaseException:
-      Path(tmp).unlink(missing_ok=True)
-      raise
+    write_atomic(path, data)
     written[kind] = WrittenModel(path, len(data), count_macs(model), count_params(model))
   return written

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from artifact.format import VerifiedArtifact
 from modeld_msm.actions import Action, get_action
 from modeld_msm.fill_msg import PublishState, fill_lane_change, fill_model_msg, fill_pose_msg, lane_change_prob
+from modeld_msm.frames import Frame
 from modeld_msm.model_state import ModelState
 from selfdrive_glue import messaging
 from selfdrive_glue.camera import model_transforms
@@ -32,14 +34,6 @@ DEFAULT_LAT_DELAY = 0.2
 
 _NO_CARSTATE = SimpleNamespace(vEgo=0.0, leftBlinker=False, rightBlinker=False, steeringPressed=False, steeringTorque=0.0,
                                leftBlindspot=False, rightBlindspot=False)
-
-
-@dataclass
-class Frame:
-  buf: np.ndarray          # uint8, at least nv12_info(w, h).size bytes (VENUS layout)
-  frame_id: int
-  timestamp_sof: int
-  timestamp_eof: int
 
 
 @dataclass
@@ -59,12 +53,21 @@ class CoreStats:
 
 
 class ModeldCore:
-  def __init__(self, artifact: str | Path, car_params=None, clock: Callable[[], float] | None = None, main_wide: bool = False,
+  def __init__(self, artifact: str | Path | VerifiedArtifact, car_params=None, clock: Callable[[], float] | None = None, main_wide: bool = False,
                device: str | None = None, camera: tuple[int, int] | None = None):
     self.model = ModelState(artifact, device=device, camera=camera)
     self.clock = clock or time.perf_counter
     self.main_wide = main_wide
+    self.camera = self.model.artifact.camera
     self._init_state(car_params)
+
+  def switch_main(self, main_wide: bool) -> None:
+    """The main stream is now the wide camera (or the road one again): the warp transforms change, so they are recomputed
+    from the last calibration on the next frame."""
+    if main_wide != self.main_wide:
+      self.main_wide = main_wide
+      if "liveCalibration" in self.latest:
+        self.updated.add("liveCalibration")
 
   def reset(self, car_params=None) -> None:
     """Forget everything seen so far (device queues, desire pulse, filters, DesireHelper, calibration, latest messages,

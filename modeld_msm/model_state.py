@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from compile.artifact import VerifiedArtifact, load_programs, verify_artifact
-from compile.program import DESIRE_LEN, HostInputs
+from artifact.format import VerifiedArtifact, verify_artifact
+from artifact.load import load_programs
+from modeld_msm.constants import DESIRE_LEN
+from modeld_msm.host_inputs import HostInputs
 from modeld_msm.parse_outputs import parse_policy_outputs, parse_vision_outputs, slice_outputs
 from selfdrive_glue.nv12 import nv12_info
 
@@ -64,7 +66,7 @@ class ModelState:
     k = (key, buf.ctypes.data)
     src = buf[:self.nv12.size]
     if (t := self._frames.get(k)) is None:
-      from compile.build import frame_tensor
+      from artifact.load import frame_tensor
       t = self._frames[k] = frame_tensor(src, self.device).realize()
     elif upload and not self.zero_copy:
       from tinygrad.device import Buffer

@@ -7,7 +7,7 @@ input and the outputs each artifact produced for it, for `modeld-msm smoke` on a
 artifacts/bundle.json (per camera: target, seconds, size, checks, smoke file hashes; and the build's provenance). The
 bundle directory is what `modeld-msm serve --artifact` (and `python -m modeld_msm.modeld`, openpilot's process entry)
 takes: the artifact is picked by the camera size camerad reports. The bundle is swapped in atomically.
-Same as `modeld-msm release` (options and summary table in modeld_msm/commands/release.py).
+Same as `modeld-msm release`: its options, progress lines and summary table are the ones below.
 """
 from __future__ import annotations
 
@@ -20,8 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from release.bundle import BUNDLE_FILE, SMOKE_DIR, tree_size
+from artifact import signing
+from artifact.format import MANIFEST, swap_in_dir, verify_artifact
+from compile.build import compile_artifact
+from release import provenance, smoke
+from release.bundle import BUNDLE_FILE, SMOKE_DIR, human_size, tree_size
 from release.smoke import SMOKE_FRAMES
+from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import check_replaceable
 from selfdrive_glue.nv12 import CAMERA_SIZES
@@ -29,10 +34,6 @@ from selfdrive_glue.nv12 import CAMERA_SIZES
 
 def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: list[str], log=print, sign_key: Path | None = None,
                  smoke_frames: int = SMOKE_FRAMES) -> dict:
-  from compile import signing
-  from compile.artifact import MANIFEST, swap_in_dir, verify_artifact
-  from compile.build import compile_artifact
-  from release import provenance, smoke
   if sign_key is not None:
     signing.load_private(sign_key)  # a bad key is refused now, not after minutes of compiling
   out = Path(out)
@@ -68,13 +69,59 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
     raise
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--vision", type=Path, required=True, help="driving_vision.onnx")
+  p.add_argument("--policy", type=Path, required=True, help="driving_policy.onnx")
+  p.add_argument("--device", default="QCOM", help="QCOM (the car, captured on the emulated render node) or CPU")
+  p.add_argument("--camera", action="append", choices=list(CAMERA_SIZES), help="camera sizes (default: both)")
+  p.add_argument("-o", "--out", type=Path, required=True, help="bundle directory to write (replaced atomically)")
+  p.add_argument("--sign-key", type=Path, help="ed25519 private key (`modeld-msm keygen`): sign every artifact of the bundle")
+  p.add_argument("--smoke-frames", type=integer(0), default=SMOKE_FRAMES,
+                 help=f"frames of the recorded smoke test to run and store per camera (default {SMOKE_FRAMES}; 0: none). A QCOM build "
+                      "runs them on the emulator executing the IR3 code: ~1.3 s a frame for the tiny models, far longer for full-size ones")
+
+
+class Progress:
+  """Log lines prefixed with the time since the build started, flushed at once (a build runs for minutes)."""
+
+  def __init__(self, out=None):
+    self.t0, self.out = time.perf_counter(), out or sys.stdout
+
+  def __call__(self, line: str) -> None:
+    print(f"[{time.perf_counter() - self.t0:7.1f} s] {line}", file=self.out, flush=True)
+
+
+def summary_table(manifest: dict) -> str:
+  rows = [("camera", "target", "seconds", "size", "checks")]
+  for cam, e in manifest["artifacts"].items():
+    size = human_size(e["size_bytes"]) + (f" + smoke {human_size(e['smoke']['bytes'])}" if e.get("smoke") else "")
+    rows.append((cam, e["target"], f"{e['seconds']:.1f}", size, f"{len(e['checks'])} passed: {', '.join(e['checks'])}"))
+  w = [max(len(r[i]) for r in rows) for i in range(4)]
+  lines = ["  ".join(f"{c:<{w[i]}}" for i, c in enumerate(r[:4])) + "  " + r[4] for r in rows]
+  lines.insert(1, "-" * (sum(w) + 8 + len(rows[0][4])))
+  return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+  if args.smoke_frames < 0:
+    raise UserError(f"--smoke-frames must be 0 or more, not {args.smoke_frames}")
+  progress = Progress()
+  m = build_bundle(args.vision, args.policy, args.device, args.out, args.camera or list(CAMERA_SIZES), log=progress,
+                   sign_key=args.sign_key, smoke_frames=args.smoke_frames)
+  print()
+  print(summary_table(m))
+  signed = {e.get("signed_by") for e in m["artifacts"].values()} - {None}
+  print(f"\nbundle written to {args.out} ({m['device']}, {human_size(tree_size(Path(args.out)))} in all"
+        + (f", signed by key {', '.join(sorted(signed))}" if signed else ", unsigned") + ")")
+  return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-  from modeld_msm.commands import release as command
   ap = argparse.ArgumentParser(prog="python -m release.build", description=__doc__.splitlines()[0])
-  command.add_arguments(ap)
+  add_arguments(ap)
   a = ap.parse_args(argv)
   try:
-    return command.run(a)
+    return run(a)
   except UserError as e:
     print(f"release.build: error: {e}", file=sys.stderr)
     return 2

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compile.onnx_model import sha256_file
+from artifact.format import MANIFEST, sign_tree, verify_artifact
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import sha256_file, write_atomic
+from selfdrive_glue.nv12 import parse_camera
 
 BUNDLE_FILE = "bundle.json"
 SMOKE_DIR = "smoke"
@@ -64,8 +66,6 @@ def verify_bundle(path: str | os.PathLike, device: str | None = None, cameras: l
                   pubkey: str | os.PathLike | None = None, smoke: bool | None = True) -> Bundle:
   """The bundle's index, its artifacts verified (all listed cameras, or `cameras`), and its smoke files checked
   (smoke=True: required, None: checked where the build recorded them, False: not looked at)."""
-  from compile.artifact import verify_artifact
-  from selfdrive_glue.nv12 import parse_camera
   path = Path(path)
   b = Bundle(path, read_index(path))
   if device is not None and b.device != device:
@@ -81,11 +81,9 @@ def verify_bundle(path: str | os.PathLike, device: str | None = None, cameras: l
 
 
 def sign_bundle(path: str | os.PathLike, key: Path) -> list[tuple[Path, str]]:
-  """Sign an artifact or every artifact of a bundle (compile.artifact.sign_tree), and record the signer in the bundle.json
+  """Sign an artifact or every artifact of a bundle (artifact.format.sign_tree), and record the signer in the bundle.json
   that lists them (the bundle's own, or the one above a single artifact of a bundle): release and install read who signed
   from there, so a re-signed bundle must not keep naming the old key. -> (artifact, key id) for each one signed."""
-  from compile.artifact import MANIFEST, sign_tree
-  from selfdrive_glue.files import write_atomic
   path = Path(path)
   index_dir = path if (path / BUNDLE_FILE).exists() else path.parent if (path / MANIFEST).exists() and (path.parent / BUNDLE_FILE).exists() else None
   index = read_index(index_dir) if index_dir is not None else None   # an unreadable index is refused before anything is signed

@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import modeld_msm
+from artifact.format import swap_in_dir
+from artifact.signing import SignatureError, key_id, load_public
 from release.bundle import BUNDLE_FILE, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
@@ -159,7 +162,6 @@ def unified_diff(old: bytes, new: bytes, rel: Path) -> str:
 
 def source_root() -> Path:
   """The directory holding this package's modules (the checkout for an editable install, else site-packages)."""
-  import modeld_msm
   return Path(modeld_msm.__file__).resolve().parents[1]
 
 
@@ -233,8 +235,6 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
   """-> "installed", "updated" (another bundle or launcher, same table edit), "unchanged", or "dry run".
 
   Without `pubkey`, a key installed before is kept (the bundle must pass it); `drop_pubkey` removes it."""
-  from compile.artifact import swap_in_dir
-  from compile.signing import SignatureError, key_id, load_public
   root, bundle = Path(openpilot).resolve(), Path(bundle).resolve()
   check_openpilot(root)
   state = read_state(root)

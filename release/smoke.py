@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from artifact.format import verify_artifact
+from compile.program import DESIRE_LEN
+from modeld_msm.model_state import ModelState
+from release.bundle import sha256_bytes
+from selfdrive_glue.camera import model_transforms, sensor_and_device
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.road_render import RoadScene
 
 FRAMES_FILE, INPUTS_FILE, EXPECTED_FILE, META_FILE = "frames.nv12.zst", "inputs.npz", "expected.npz", "smoke.json"
 SMOKE_FORMAT = 1
@@ -52,9 +58,6 @@ class SmokeInput:
 
 
 def make_input(camera: str, frames: int = SMOKE_FRAMES, seed: int = SEED) -> SmokeInput:
-  from compile.program import DESIRE_LEN
-  from selfdrive_glue.camera import model_transforms, sensor_and_device
-  from selfdrive_glue.road_render import RoadScene
   scene = RoadScene(seed, camera)
   pairs: list[tuple[np.ndarray, np.ndarray]] = []
   for k in range(DISTINCT_PAIRS):
@@ -102,9 +105,6 @@ def record(artifact_dir: Path, out_dir: Path, frames: int = SMOKE_FRAMES, progre
   -> the bundle.json entry: file hashes, producer, frame counts, seconds."""
   import zstandard
 
-  from compile.artifact import verify_artifact
-  from modeld_msm.model_state import ModelState
-  from release.bundle import sha256_bytes
   t0 = time.perf_counter()
   art = verify_artifact(artifact_dir, pubkey="")
   camera = f"{art.camera[0]}x{art.camera[1]}"
@@ -195,7 +195,6 @@ def output_name(art, index: int) -> str:
 def check(art, smoke_dir: Path, frames: int | None = None, tolerance: tuple[float, float] | None = None,
           progress: Callable[[int, int], None] | None = None) -> SmokeResult:
   """Replay the recorded input on the artifact's device; stop at the first output outside the tolerance."""
-  from modeld_msm.model_state import ModelState
   camera = f"{art.camera[0]}x{art.camera[1]}"
   meta = json.loads((smoke_dir / META_FILE).read_text())
   if meta.get("format") != SMOKE_FORMAT:

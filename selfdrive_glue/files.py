@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -61,3 +62,11 @@ def check_replaceable(path: str | os.PathLike, markers: dict[str, str], what: st
       continue
   raise UserError(f"output folder {path} is not empty and holds no {what} ({' or '.join(markers)}): it would be replaced whole; "
                   "choose an empty or new folder for -o")
+
+
+def sha256_file(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()

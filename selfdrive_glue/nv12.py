@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from selfdrive_glue.errors import UserError
+
 
 def _align(x: int, a: int) -> int:
   return (x + a - 1) // a * a
@@ -37,6 +39,5 @@ CAMERA_SIZES = {"1928x1208": (1928, 1208), "1344x760": (1344, 760)}
 def parse_camera(text: str) -> tuple[int, int]:
   """'1928x1208' -> (1928, 1208); only the sizes openpilot's cameras produce."""
   if text not in CAMERA_SIZES:
-    from selfdrive_glue.errors import UserError
     raise UserError(f"unsupported camera size '{text}': use one of {', '.join(CAMERA_SIZES)}")
   return CAMERA_SIZES[text]

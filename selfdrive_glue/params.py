@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
+
+from selfdrive_glue.files import write_atomic
 
 _KEY = re.compile(r"^[A-Za-z0-9_]+$")
 
@@ -47,16 +48,7 @@ class Params:
     data = value.encode() if isinstance(value, str) else bytes(value)
     dest = self._file(key)
     self.dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp_{key}_", dir=self.dir)
-    try:
-      with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-      os.replace(tmp, dest)
-    except BaseException:
-      Path(tmp).unlink(missing_ok=True)
-      raise
+    write_atomic(dest, data)
 
   def put_bool(self, key: str, value: bool) -> None:
     self.put(key, b"1" if value else b"0")

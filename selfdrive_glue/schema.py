@@ -11,6 +11,8 @@ from types import ModuleType
 
 import capnp
 
+from selfdrive_glue.errors import UserError
+
 SCHEMA_DIR = Path(__file__).resolve().parent / "cereal"
 
 
@@ -31,7 +33,6 @@ def load() -> tuple[ModuleType, ModuleType, str]:
   """-> (log, car, source) where source is 'openpilot' or 'modeld-msm'."""
   choice = os.environ.get("MODELD_CEREAL", "auto")
   if choice not in ("auto", "own", "openpilot"):
-    from selfdrive_glue.errors import UserError
     raise UserError(f"MODELD_CEREAL={choice!r} is not valid; use auto, own or openpilot")
   if choice != "own":
     op = _openpilot_cereal()

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_cli(*args, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
   """`modeld-msm ARGS` in a real subprocess of this interpreter (the venv's), output captured as text."""
-  return subprocess.run([sys.executable, "-m", "modeld_msm.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout,
+  return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True, text=True, timeout=timeout,
                         cwd=REPO, env={**os.environ, **(env or {})})
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import clone_artifact, rewrite_file
 
-from compile.artifact import MANIFEST, METADATA, POLICY_PKL, WARP_PKL, ArtifactError, load_programs, verify_artifact
+from artifact.format import MANIFEST, METADATA, POLICY_PKL, WARP_PKL, ArtifactError, verify_artifact
+from artifact.load import load_programs
 from modeld_msm.model_state import ModelState
 
 pytestmark = pytest.mark.xdist_group("cpu_artifact_1928")
@@ -176,7 +177,7 @@ def test_verify_cli_exit_codes(cpu_artifact_1928, tmp_path, cli):
 
 def test_verify_never_imports_tinygrad_or_unpickles(cpu_artifact_1928, cli):
   """verify is what the car runs before loading: it must stay a JSON + hash check."""
-  code = ("import sys, pickle; pickle.loads = pickle.load = None; from compile.artifact import verify_artifact; "
+  code = ("import sys, pickle; pickle.loads = pickle.load = None; from artifact.format import verify_artifact; "
           f"verify_artifact({str(cpu_artifact_1928)!r}); print(sorted(m for m in sys.modules if m.split('.')[0] in ('tinygrad', 'onnx')))")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr
@@ -195,7 +196,7 @@ open(sys.argv[1], "wb").write(pickle.dumps(jit))
 _LOAD = """
 import pickle, sys
 from tinygrad import Tensor
-from compile.jit_pickle import unpickle_programs
+from artifact.jit_pickle import unpickle_programs
 z = Tensor.ones(4).contiguous().realize()  # this process's own tensor, made exactly like the capture's weight
 data = open(sys.argv[1], "rb").read()
 jit = pickle.loads(data) if sys.argv[2] == "plain" else unpickle_programs(data)[0]

@@ -33,7 +33,7 @@ def _files(root: Path) -> list[str]:
 WRITE = textwrap.dedent("""
   import sys
   sys.path.insert(0, {repo!r})
-  from compile.artifact import POLICY_PKL, WARP_PKL, write_artifact
+  from artifact.format import POLICY_PKL, WARP_PKL, write_artifact
   from selfdrive_glue.errors import UserError
   try:
     write_artifact({out!r}, {{POLICY_PKL: bytes(range(256)) * 4096, WARP_PKL: b"w" * 1000}}, {{"format": 1}})
@@ -83,7 +83,7 @@ def test_compile_cli_disk_full_is_one_clear_line_and_leaves_nothing(tmp_path, ti
   tmpdir.mkdir()
   out = tmp_path / "out" / "art"
   env = {**os.environ, "CACHELEVEL": "0", "TMPDIR": str(tmpdir), "PYTHONDONTWRITEBYTECODE": "1"}
-  p = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "compile", "--vision", str(tiny_models / "driving_vision.onnx"),
+  p = subprocess.run([sys.executable, "-m", "cli.main", "compile", "--vision", str(tiny_models / "driving_vision.onnx"),
                       "--policy", str(tiny_models / "driving_policy.onnx"), "--camera", "1928x1208", "--device", "CPU", "-o", str(out)],
                      capture_output=True, text=True, timeout=600, cwd=REPO, env=env, preexec_fn=_limited(1 << 20))
   err = [ln for ln in p.stderr.splitlines() if ln.startswith("modeld-msm compile: error:")]

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import clone_artifact, rewrite_file, stop_process
 
-from compile.artifact import MANIFEST, METADATA, POLICY_PKL, WARP_PKL, ArtifactError, load_programs, verify_artifact
-from compile.jit_pickle import ALLOWLIST, PickleRefused, allowed_classes, unpickle_programs
+from artifact.format import MANIFEST, METADATA, POLICY_PKL, WARP_PKL, ArtifactError, verify_artifact
+from artifact.jit_pickle import ALLOWLIST, PickleRefused, allowed_classes, unpickle_programs
+from artifact.load import load_programs
 
 pytestmark = pytest.mark.xdist_group("cpu_artifact_1928")
 
@@ -115,7 +116,7 @@ def test_allowlist_is_exactly_what_a_real_artifact_needs(cpu_artifact_1928):
   """The list is data reviewed like code: no entry a real artifact does not use, none missing."""
   import io
 
-  from compile.jit_pickle import _JitUnpickler
+  from artifact.jit_pickle import _JitUnpickler
   asked: set[str] = set()
 
   class Recording(_JitUnpickler):
@@ -153,7 +154,7 @@ def test_serve_refuses_tampered_artifact(tampered, prefix):
   make, marker = tampered
   d = make("os.system")
   srv = _camera_server()
-  p = subprocess.Popen([sys.executable, "-m", "modeld_msm.cli", "serve", "--artifact", str(d), "--no-realtime"],
+  p = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--artifact", str(d), "--no-realtime"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
   try:
     rc = p.wait(120)
@@ -232,7 +233,7 @@ def test_signed_bundle_accepted_and_refused_as_configured(keys, cpu_artifact_192
 
 
 def test_signature_file_edits_are_refused(keys, cpu_artifact_1928, tmp_path):
-  from compile.signing import SIGNATURE, SignatureError, sign_artifact
+  from artifact.signing import SIGNATURE, SignatureError, sign_artifact
   priv, pub, _ = keys
   art = clone_artifact(cpu_artifact_1928, tmp_path / "a")
   sign_artifact(art, priv, MANIFEST)

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def doctor(*args, **env):
   e = {k: v for k, v in os.environ.items() if not k.startswith("MSM_") and k not in ("DEV", "EMU_EXEC")}
-  return subprocess.run([sys.executable, "-m", "modeld_msm.cli", "doctor", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
+  return subprocess.run([sys.executable, "-m", "cli.main", "doctor", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
                         env={**e, **env})
 
 

@@ -134,8 +134,8 @@ def test_release_cli_refuses_a_crafted_model_before_running_its_metadata(tiny_mo
 # every module that unpickles, and why it may: a new reader of model metadata (DM, combined models) must use decode_output_slices
 UNPICKLERS = {
   "compile/onnx_model.py": "the restricted output_slices decoder",
-  "compile/jit_pickle.py": "the artifacts' restricted JIT unpickler",
-  "compile/cpu_search.py": "tinygrad's own search cache, written moments before by our recording run",
+  "artifact/jit_pickle.py": "the artifacts' restricted JIT unpickler",
+  "compile/cpu_record.py": "tinygrad's own search cache, written moments before by our recording run",
 }
 
 
@@ -162,11 +162,11 @@ def _reads_slices_metadata(source: str) -> bool:
 def test_the_restricted_decoder_is_the_only_reader_of_pickles_from_files():
   assert _unpickles("import pickle\npickle.loads(b'')") and _unpickles("from pickle import Unpickler")
   assert not _unpickles('"""call pickle.load first"""  # pickle.loads')
-  found = {f.relative_to(REPO).as_posix() for pkg in ("compile", "modeld_msm", "release", "selfdrive_glue", "backend")
+  found = {f.relative_to(REPO).as_posix() for pkg in ("cli", "offcar", "compile", "modeld_msm", "artifact", "release", "selfdrive_glue", "backend")
            for f in (REPO / pkg).rglob("*.py") if _unpickles(f.read_text())}
   assert found <= set(UNPICKLERS), f"unpickling outside the reviewed modules: {sorted(found - set(UNPICKLERS))}"
-  readers = {f.relative_to(REPO).as_posix() for pkg in ("compile", "modeld_msm", "release") for f in (REPO / pkg).rglob("*.py")
-             if _reads_slices_metadata(f.read_text())}
+  readers = {f.relative_to(REPO).as_posix() for pkg in ("cli", "offcar", "compile", "modeld_msm", "artifact", "release")
+             for f in (REPO / pkg).rglob("*.py") if _reads_slices_metadata(f.read_text())}
   assert readers == {"compile/onnx_model.py"}, f"output_slices read from ONNX metadata outside compile/onnx_model.py: {sorted(readers)}"
 
 
@@ -346,7 +346,8 @@ def _set_camera(d: Path, width: int, height: int, geometry: bool) -> None:
 @pytest.mark.xdist_group("cpu_artifact_1928")
 def test_unsigned_artifact_with_edited_camera_is_refused_at_load(cpu_artifact_1928, tmp_path):
   """All of the camera's geometry rewritten consistently, the manifest re-hashed, no key: only the programs themselves know."""
-  from compile.artifact import ArtifactError, frame_input_bytes, load_programs, verify_artifact
+  from artifact.format import ArtifactError, verify_artifact
+  from artifact.load import frame_input_bytes, load_programs
   from modeld_msm.model_state import ModelState
   from selfdrive_glue.nv12 import nv12_info
   d = clone_artifact(cpu_artifact_1928, tmp_path / "a")

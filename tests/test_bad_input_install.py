@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, run_cli
 from test_install import make_bundle, make_openpilot, tree_state
 
-from compile.signing import generate_keypair, key_id, load_public
+from artifact.signing import generate_keypair, key_id, load_public
 from release.install import INSTALL_REL, PROCESS_CONFIG, install, uninstall
 from selfdrive_glue.errors import UserError
 
@@ -47,7 +47,7 @@ def _one_line_error(r) -> str:
 # ---- item 3: the installed public key stays unless dropped by name ----
 
 def test_install_without_pubkey_keeps_the_installed_key(op, tmp_path, keys):
-  from compile.artifact import sign_tree
+  from artifact.format import sign_tree
   priv, pub = keys
   signed = make_bundle(tmp_path / "signed")
   sign_tree(signed, priv)
@@ -73,7 +73,7 @@ def test_install_without_pubkey_keeps_the_installed_key(op, tmp_path, keys):
 
 
 def test_drop_pubkey_removes_signature_checking_on_purpose_with_a_warning(op, tmp_path, keys):
-  from compile.artifact import sign_tree
+  from artifact.format import sign_tree
   priv, pub = keys
   b = make_bundle(tmp_path / "b")
   sign_tree(b, priv)
@@ -92,7 +92,7 @@ def test_drop_pubkey_removes_signature_checking_on_purpose_with_a_warning(op, tm
 
 
 def test_a_lost_installed_key_is_refused_not_ignored(op, tmp_path, keys):
-  from compile.artifact import sign_tree
+  from artifact.format import sign_tree
   priv, pub = keys
   b = make_bundle(tmp_path / "b")
   sign_tree(b, priv)

@@ -11,8 +11,8 @@ import av
 import numpy as np
 import pytest
 
-from modeld_msm.frame_map import plan_segment
-from modeld_msm.replay import output_paths
+from offcar.frame_map import plan_segment
+from offcar.replay import output_paths
 from selfdrive_glue import messaging
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader, LogWriter
@@ -202,7 +202,7 @@ def test_qlog_named_rlog_is_refused(seg, tmp_path):
     w.write_all(LogReader(two / "qlog.zst").raw_events())
   with pytest.raises(UserError, match=r"one every 20 camera frames \(frames 0, 20\).*looks like a qlog"):
     plan_segment(open_segment(two))
-  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "replay", "--quiet", str(q), "--artifact", str(tmp_path / "unused"),
+  r = subprocess.run([sys.executable, "-m", "cli.main", "replay", "--quiet", str(q), "--artifact", str(tmp_path / "unused"),
                       "-o", str(tmp_path / "out.zst")], capture_output=True, text=True, timeout=300, cwd=ROOT)
   assert r.returncode == 2 and "looks like a qlog" in r.stderr and "Traceback" not in r.stderr, r.stderr
   assert not (tmp_path / "out.zst").exists()
@@ -217,7 +217,7 @@ def test_qlog_and_qcamera_segment_says_why_with_or_without_artifact(seg, tmp_pat
   shutil.copy(seg / "qlog.zst", q / "qlog.zst")
   shutil.copy(seg / "qcamera.ts", q / "qcamera.ts")
   for extra in ([], ["--artifact", str(tmp_path / "unused")]):
-    r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "replay", "--quiet", str(q), "-o", str(tmp_path / "out.zst"), *extra],
+    r = subprocess.run([sys.executable, "-m", "cli.main", "replay", "--quiet", str(q), "-o", str(tmp_path / "out.zst"), *extra],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 2, (extra, r.stderr)
     assert "has no rlog (it has qlog.zst only)" in r.stderr and "a qlog decimates away" in r.stderr, (extra, r.stderr)
@@ -239,10 +239,10 @@ def test_replay_without_artifact_speaks_as_replay(tmp_path):
   """No --artifact: the reference models come from the demo's cache (compiled there the first time), but the lines say
   replay, not [demo]."""
   seg = tmp_path / "seg1"
-  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "synth", "-o", str(seg), "--seconds", "2", "--seed", "1"],
+  r = subprocess.run([sys.executable, "-m", "cli.main", "synth", "-o", str(seg), "--seconds", "2", "--seed", "1"],
                      capture_output=True, text=True, timeout=300, cwd=ROOT)
   assert r.returncode == 0, r.stderr
-  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "replay", "--quiet", str(seg), "-o", str(tmp_path / "out.zst")],
+  r = subprocess.run([sys.executable, "-m", "cli.main", "replay", "--quiet", str(seg), "-o", str(tmp_path / "out.zst")],
                      capture_output=True, text=True, timeout=900, cwd=ROOT)
   assert r.returncode == 0, r.stderr
   assert "[replay] " in r.stderr and "[demo]" not in r.stderr, r.stderr

@@ -11,12 +11,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compile.artifact import verify_artifact
-from compile.build import ORT_ATOL, ORT_RTOL, frame_tensor
+from artifact.format import verify_artifact
+from artifact.load import frame_tensor
+from cli.main import main as cli_main
+from compile.build import ORT_ATOL, ORT_RTOL
 from compile.onnx_model import load_model_info
-from compile.program import FRAME_SKIP, DrivingProgram, HostInputs
+from compile.program import FRAME_SKIP, DrivingProgram
 from compile.refmodels import POLICY_SLICES, VISION_SLICES, encode_output_slices, write_models
-from modeld_msm.cli import main as cli_main
+from modeld_msm.host_inputs import HostInputs
 from selfdrive_glue.nv12 import nv12_info
 
 CAM_1344 = pytest.param((1344, 760), marks=pytest.mark.xdist_group("cpu_artifact_1344"), id="1344x760")

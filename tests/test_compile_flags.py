@@ -5,8 +5,8 @@ import pytest
 
 
 def test_flags_reach_compile_artifact(monkeypatch, tmp_path):
-  import compile.build as build
-  from modeld_msm.cli import main
+  from cli.commands import compile as command
+  from cli.main import main
   seen: dict = {}
 
   class _Report:
@@ -17,7 +17,7 @@ def test_flags_reach_compile_artifact(monkeypatch, tmp_path):
     seen.update(kw, camera=camera, device=device)
     return _Report()
 
-  monkeypatch.setattr(build, "compile_artifact", fake)
+  monkeypatch.setattr(command, "compile_artifact", fake)
   args = ["compile", "--vision", "v.onnx", "--policy", "p.onnx", "-o", str(tmp_path / "a")]
   assert main(args + ["--layout", "off", "--search", "off"]) == 0
   assert (seen["layout"], seen["search"], seen["camera"], seen["device"]) == ("off", "off", (1928, 1208), "CPU")
@@ -26,7 +26,7 @@ def test_flags_reach_compile_artifact(monkeypatch, tmp_path):
 
 
 def test_layout_on_for_a_gpu_target_is_refused(tiny_models, tmp_path, capsys):
-  from modeld_msm.cli import main
+  from cli.main import main
   rc = main(["compile", "--vision", str(tiny_models / "driving_vision.onnx"), "--policy", str(tiny_models / "driving_policy.onnx"),
              "--device", "CUDA", "--layout", "on", "-o", str(tmp_path / "a")])
   assert rc == 2
@@ -35,7 +35,7 @@ def test_layout_on_for_a_gpu_target_is_refused(tiny_models, tmp_path, capsys):
 
 
 def test_unknown_layout_is_an_argparse_error(capsys):
-  from modeld_msm.cli import main
+  from cli.main import main
   with pytest.raises(SystemExit) as e:
     main(["compile", "--vision", "v", "--policy", "p", "-o", "o", "--layout", "sideways"])
   assert e.value.code == 2 and "invalid choice: 'sideways'" in capsys.readouterr().err

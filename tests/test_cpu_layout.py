@@ -199,7 +199,7 @@ def test_shipped_table_is_well_formed():
       assert all(op in OptOps.__members__ for op, _, _ in e["opts"])
       # a kernel is split into at most the set's thread count: the count a compile must have for the set to match
       assert all(arg <= threads for op, _, arg in e["opts"] if op == "THREAD")
-    if threads > 1:   # searched on that many cores (compile/cpu_threads.py): the big kernels are split
+    if threads > 1:   # searched on that many cores (artifact/cpu_threads.py): the big kernels are split
       assert any(op == "THREAD" for e in s["entries"] for op, _, _ in e["opts"])
 
 

@@ -150,7 +150,8 @@ def test_artifact_runs_the_pointwise_kernel(cpu_artifact_1928):
   assert meta["cpu_layout"]["pointwise_kernel"]["vision"] > 0
   from tinygrad.uop.ops import Ops
 
-  from compile.artifact import load_programs, verify_artifact
+  from artifact.format import verify_artifact
+  from artifact.load import load_programs
   policy_jit, _ = load_programs(verify_artifact(cpu_artifact_1928))
   names = [c.src[0].arg.name for c in policy_jit.captured.linear.src if c.op is Ops.CALL and c.src[0].op is Ops.PROGRAM]
   assert sum(n.startswith("pointwise_") for n in names) == meta["cpu_layout"]["pointwise_kernel"]["vision"], names

@@ -1,17 +1,18 @@
-"""compile/cpu_replay.py: a loaded CPU artifact replayed with its calls resolved once computes what tinygrad's own JIT
+"""artifact/cpu_replay.py: a loaded CPU artifact replayed with its calls resolved once computes what tinygrad's own JIT
 executor computes, step after step, and hands anything unexpected to tinygrad."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from compile import cpu_replay
+from artifact import cpu_replay
 
 pytestmark = pytest.mark.xdist_group("cpu_artifact_1344")
 
 
 def _load_both(path):
-  from compile.artifact import load_programs, verify_artifact
+  from artifact.format import verify_artifact
+  from artifact.load import load_programs
   art = verify_artifact(path)
   try:
     cpu_replay.ENABLED = False
@@ -24,8 +25,8 @@ def _load_both(path):
 def test_replay_is_bit_exact_with_tinygrads_executor(cpu_artifact_1344):
   """Two loads of one artifact, one replayed, fed the same changing inputs (frames swapped, desire pulses, transforms,
   warp-only steps between full ones): every output and every queue they carry between steps stays bit-identical."""
-  from compile.build import frame_tensor
-  from compile.program import HostInputs
+  from artifact.load import frame_tensor
+  from modeld_msm.host_inputs import HostInputs
   from selfdrive_glue.nv12 import nv12_info
   art, plain, fast = _load_both(cpu_artifact_1344)
   assert all(isinstance(j, cpu_replay.CpuReplay) for j in fast) and not any(isinstance(j, cpu_replay.CpuReplay) for j in plain)
@@ -61,8 +62,8 @@ def test_unexpected_inputs_are_refused(cpu_artifact_1344):
   from tinygrad import Tensor
   from tinygrad.engine.jit import JitError
 
-  from compile.build import frame_tensor
-  from compile.program import HostInputs
+  from artifact.load import frame_tensor
+  from modeld_msm.host_inputs import HostInputs
   from selfdrive_glue.nv12 import nv12_info
   art, _, (policy, _warp) = _load_both(cpu_artifact_1344)
   ht = HostInputs.zeros().tensors()

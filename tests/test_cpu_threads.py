@@ -1,4 +1,4 @@
-"""A CPU kernel's THREAD parts run concurrently (compile/cpu_threads.py), give the bytes the serial loop gives, and an
+"""A CPU kernel's THREAD parts run concurrently (artifact/cpu_threads.py), give the bytes the serial loop gives, and an
 artifact says how many parts its kernels were split into."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from compile import cpu_threads
+from artifact import cpu_threads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ import numpy as np
 from tinygrad import Tensor, Device
 threaded = sys.argv[1] == "1"
 if threaded:
-  from compile import cpu_threads
+  from artifact import cpu_threads
   cpu_threads.install("CPU")
 Tensor.manual_seed(0)
 a, b = Tensor.randn(256, 384).realize(), Tensor.randn(384, 512).realize()
@@ -124,7 +124,7 @@ def _python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
 @pytest.mark.skipif((os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores and CPU affinity")
 def test_workers_leave_the_core_modeld_pinned_itself_to():
   """modeld pins itself to one core like openpilot's realtime processes; a worker that stayed there would only take turns."""
-  code = ("import os, threading; from compile import cpu_threads; os.sched_setaffinity(0, {0})\n"
+  code = ("import os, threading; from artifact import cpu_threads; os.sched_setaffinity(0, {0})\n"
           "pool = cpu_threads._Pool(2, native=False); seen = {}\n"
           "def part(i): seen[i] = sorted(os.sched_getaffinity(0))\n"
           "pool.run(part, [[0], [1]]); print(seen[0], seen[1])")
@@ -177,7 +177,7 @@ def test_native_pool_runs_a_kernel_too_big_for_its_lanes_on_the_caller(part_lib)
   take no Python work), each once; a kernel that fits still goes to the worker."""
   import ctypes
 
-  from compile.cpu_pool_native import MAX_ARGS
+  from artifact.cpu_pool_native import MAX_ARGS
   pool = cpu_threads._Pool(2, native=True)
   if pool.native is None:
     pytest.skip(pool.native_why)
@@ -194,7 +194,7 @@ def test_native_pool_runs_a_part_handed_over_before_its_worker_started(part_lib)
   kernel) still runs it: it does not take the counter it finds as already seen."""
   import ctypes
 
-  from compile import cpu_pool_native
+  from artifact import cpu_pool_native
   lib = cpu_pool_native.build()
   size = int(lib.modeld_pool_lane_size())
   lanes = (ctypes.c_char * (2 * size))()
@@ -218,7 +218,7 @@ def test_native_pool_runs_a_part_handed_over_before_its_worker_started(part_lib)
 def test_native_pool_survives_a_storm_of_tiny_kernels(part_lib):
   """100,000 hand-offs of a kernel that returns at once, in a child with a time limit: the counters' races (a finished
   part seen between two loads of its counter) would leave caller and worker asleep waiting on each other."""
-  code = ("import ctypes, sys, numpy as np; from compile import cpu_threads; pool = cpu_threads._Pool(2, native=True)\n"
+  code = ("import ctypes, sys, numpy as np; from artifact import cpu_threads; pool = cpu_threads._Pool(2, native=True)\n"
           "assert pool.native is not None, pool.native_why\n"
           f"fn = ctypes.cast(ctypes.CDLL({str(part_lib.path)!r}).part, ctypes.c_void_p).value\n"
           "out = np.zeros((2, 2), np.uint64); args = [[out.ctypes.data, 0], [out.ctypes.data, 1]]\n"

@@ -69,15 +69,16 @@ def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
   out = _child(f"""
     import json
     from pathlib import Path
-    from compile import cpu_search
+    import os
+    from compile import cpu_record, cpu_search
     table = Path({str(tmp_path / "table.json")!r})
-    s = cpu_search.tune("tiny", (1928, 1208), "fp32", "auto", 2, table_path=table, new=True, budget=4, log=lambda *_: None)
+    s = cpu_record.tune("tiny", (1928, 1208), "fp32", "auto", 2, table_path=table, new=True, budget=4, log=lambda *_: None)
 
     import tinygrad.codegen.opt.search as search
     def no_search(*a, **k):
       raise AssertionError("the compile searched a kernel the set does not have")
     search._time_program = no_search
-    cpu_search.load_table = lambda path=None: json.loads(table.read_text())
+    os.environ[cpu_search.TABLE_ENV] = str(table)
     from compile.build import compile_artifact
     from compile.refmodels import write_models
     m = write_models(Path({str(tmp_path / "models")!r}), "tiny", 0)
@@ -100,6 +101,19 @@ def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
   plain = cpu_search.untuned(s)
   assert {e["ast"]: e["opts"] for e in plain["entries"]} == {**entries, **{k["ast"]: k["recorded_opts"] for k in tuned}}
   assert cpu_search.tuned_count(plain) == 0
+
+  # rekey: the set, as if recorded for older kernel code, is carried over (every kernel a cache hit); with one kernel
+  # missing it is not (the compile had to search one)
+  from compile import cpu_record
+  whole = {**s, "match": {**s["match"], "code": "0" * 16}}
+  holed = {**whole, "match": {**whole["match"], "threads": whole["match"]["threads"]}, "entries": s["entries"][1:]}
+  for sets, carried in (([whole], 1), ([holed], 0)):
+    table = tmp_path / f"rekey{carried}.json"
+    table.write_text(json.dumps({"format": cpu_search.FORMAT, "sets": sets}))
+    lines: list[str] = []
+    assert cpu_record.rekey(table, log=lines.append) == carried, lines
+    after = json.loads(table.read_text())["sets"]
+    assert after == ([{**s, "match": {**s["match"], "code": cpu_search.code_fingerprint()}}] if carried else []), lines
 
 
 def test_eviction_buffer_is_twice_the_largest_cache(tmp_path):

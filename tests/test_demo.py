@@ -47,7 +47,7 @@ def test_demo_summary_makes_sense(demo):
   # the live pipeline (render -> VisionIPC -> warp -> model -> modelV2) keeps the stand-in's lane lines where the road is: a
   # wrong intrinsic, calibration or output slice would put them metres off. (curvature_corr is not held here: over one
   # short drive the true curvature hardly varies, so r says little; replay/regress report it.)
-  from modeld_msm.accuracy import LANE_ERROR_LIMIT_M
+  from offcar.accuracy import LANE_ERROR_LIMIT_M
   assert s["lane_error_m_p50"] <= LANE_ERROR_LIMIT_M, s
   assert f"{s['lane_error_m_p50']:.3f} / {s['lane_error_m_p90']:.3f}  (stand-in weights" in r.stdout and f"{s['curvature_corr']:.3f} / " in r.stdout
   assert (out / "modeld.log").exists() and (out / "camera.log").exists()
@@ -67,10 +67,10 @@ def test_demo_plan_png_is_a_drawn_figure(demo):
 
 def test_artifact_cache_keeps_the_weights_apart(tmp_path, monkeypatch):
   """The trained stand-in and random weights never share a cached artifact, for the same size, camera and device."""
-  import compile.artifact
+  import artifact.format
   import compile.build
   import compile.refmodels
-  from modeld_msm import demo
+  from offcar import demo
 
   monkeypatch.setattr(demo, "CACHE", tmp_path)
   # the stand-in's bytes differ from seed 0's random ones; the real pair is package data the lead's training ships
@@ -78,13 +78,13 @@ def test_artifact_cache_keeps_the_weights_apart(tmp_path, monkeypatch):
   built = []
 
   def not_cached(art, **_):
-    raise compile.artifact.ArtifactError("not built")
+    raise artifact.format.ArtifactError("not built")
 
   class Report:
     def table(self):
       return ""
-  monkeypatch.setattr(compile.artifact, "verify_artifact", not_cached)
-  monkeypatch.setattr(compile.build, "compile_artifact", lambda v, p, cam, dev, art, log: built.append((v.read_bytes(), art)) or Report())
+  monkeypatch.setattr(demo, "verify_artifact", not_cached)
+  monkeypatch.setattr(demo, "compile_artifact", lambda v, p, cam, dev, art, log: built.append((v.read_bytes(), art)) or Report())
   arts = {w: demo.cached_artifact("tiny", "1928x1208", "CPU", log=lambda *_: None, stand_in=w) for w in (True, False)}
   assert "-standin-" in arts[True].name and "-random-" in arts[False].name and arts[True] != arts[False]
   assert [a for _, a in built] == [arts[True], arts[False]] and built[0][0] != built[1][0]

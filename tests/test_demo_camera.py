@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _camera(*args, timeout=60):
   env = {**os.environ, "OPENPILOT_PREFIX": f"cam{uuid.uuid4().hex[:6]}"}
   t = time.monotonic()
-  r = subprocess.run([sys.executable, "-m", "modeld_msm.demo_camera", "--camera", "1928x1208", *args], capture_output=True, text=True,
+  r = subprocess.run([sys.executable, "-m", "offcar.demo_camera", "--camera", "1928x1208", *args], capture_output=True, text=True,
                      cwd=REPO, env=env, timeout=timeout)
   return r, time.monotonic() - t
 

@@ -75,7 +75,7 @@ def make_openpilot(root: Path, entries: list[str] | None = None) -> Path:
 
 
 def make_bundle(d: Path, device: str = "QCOM", cameras=("1928x1208", "1344x760"), tag: bytes = b"") -> Path:
-  from compile.artifact import POLICY_PKL, WARP_PKL, installed_versions, write_artifact
+  from artifact.format import POLICY_PKL, WARP_PKL, installed_versions, write_artifact
   for cam in cameras:
     w, h = map(int, cam.split("x"))
     target = "QCOM:IR3" if device == "QCOM" else "CPU"
@@ -261,8 +261,8 @@ def test_uninstall_refuses_a_table_edited_since(op, bundle):
 
 
 def test_pubkey_is_checked_now_and_installed_for_every_start(op, bundle, tmp_path):
-  from compile.artifact import sign_tree
-  from compile.signing import generate_keypair
+  from artifact.format import sign_tree
+  from artifact.signing import generate_keypair
   priv, pub = generate_keypair(tmp_path / "keys")
   with pytest.raises(UserError, match="signature|signed"):
     install(op, bundle, pubkey=pub, log=quiet)   # not signed yet

@@ -67,6 +67,22 @@ def test_valid_only_after_calibration(core_factory):
   assert core.tfm[2, 2] == pytest.approx(1.0) and core.tfm[0, 0] == pytest.approx(2.90989, rel=1e-4)
 
 
+def test_main_stream_swap_recomputes_the_transforms_from_the_last_calibration(core_factory):
+  """The road camera goes away and wide becomes main (a reconnect): the next frame warps with the wide camera's
+  transforms, from the calibration seen before, without a new liveCalibration."""
+  from selfdrive_glue.camera import model_transforms
+  core = core_factory()
+  _calibrated(core)
+  core.on_frame(_frame(1))
+  road_tfm = core.tfm.copy()
+  core.switch_main(True)
+  core.on_frame(_frame(2))
+  want, _ = model_transforms(np.zeros(3), "tici", "ar0231", main_wide=True)
+  assert not np.allclose(core.tfm, road_tfm) and np.allclose(core.tfm, want)
+  core.switch_main(True)                     # no change: nothing recomputed
+  assert "liveCalibration" not in core.updated
+
+
 def test_nothing_published_on_dropped_frames(core_factory):
   core = core_factory()
   _calibrated(core)
@@ -156,7 +172,7 @@ def test_cycle_collector_frees_cycles_and_freezes_what_the_first_frames_built():
   emulator's per-program interpreters: 440k objects) is frozen once, after its garbage is freed."""
   import gc
 
-  from modeld_msm.modeld import CycleCollector
+  from modeld_msm.runner import CycleCollector
 
   class Node:
     def __init__(self):
@@ -222,7 +238,7 @@ def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
   assert "Traceback" not in out, out
   assert "dropped bad message on 'carState'" in out, out
   # with the collector off (realtime), modeld collects between frames and says what it freed: a short run may free
-  # nothing (with compile/cpu_replay.py this one freed 0), so freeing itself is test_cycle_collector's, on planted cycles
+  # nothing (with artifact/cpu_replay.py this one freed 0), so freeing itself is test_cycle_collector's, on planted cycles
   assert re.search(r"\d+ cyclic objects freed between frames", out), out[-2000:]
 
 

@@ -8,12 +8,14 @@ import time
 import pytest
 from conftest import REPO, ModeldHarness
 
-from compile.artifact import MANIFEST
-from modeld_msm.modeld import Streams, adopt_streams, check_artifact_path
+from artifact.format import MANIFEST
+from modeld_msm.modeld import choose_streams
+from modeld_msm.runner import StreamChoice, Streams, adopt_streams, check_artifact_path
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.visionipc import VisionStreamType
 
 
-@pytest.mark.parametrize("cmd", [["-m", "modeld_msm.cli", "serve", "--no-realtime"], ["-m", "modeld_msm.modeld", "--demo"]])
+@pytest.mark.parametrize("cmd", [["-m", "cli.main", "serve", "--no-realtime"], ["-m", "modeld_msm.modeld", "--demo"]])
 def test_serve_refuses_a_missing_artifact_at_once(cmd, prefix, tmp_path):
   """No camera server runs here: before the fix serve waited for one forever."""
   t0 = time.monotonic()
@@ -45,6 +47,10 @@ class FakeCore:
   def on_member(self, svc, msg):
     self.fed.append((svc, msg))
 
+  def switch_main(self, main_wide):
+    self.main_wide = main_wide
+    self.fed.append(("switch_main", main_wide))
+
 
 def _streams(main_wide=False, camera=(1928, 1208)):
   return Streams(main=None, extra=None, main_wide=main_wide, camera=camera)  # type: ignore[arg-type]
@@ -67,11 +73,20 @@ def test_reconnect_to_the_same_cameras_keeps_the_core():
 
 
 def test_reconnect_with_the_main_stream_swapped_tells_the_core():
-  """Road gone, wide is now main: the core must warp with the wide transforms, recomputed from the last calibration."""
+  """Road gone, wide is now main: the same core is told, and nothing else is fed to it."""
   old = _streams(main_wide=False)
   core = FakeCore(old)
   assert adopt_streams(core, old, _streams(main_wide=True), FakeCore, SM(liveCalibration="calib", carState="cs")) is core
-  assert core.main_wide is True and core.fed == [("liveCalibration", "calib")]
+  assert core.main_wide is True and core.fed == [("switch_main", True)]
+
+
+def test_driving_stream_choice_is_openpilots():
+  """Road as main with wide as extra when both exist; wide alone is main; nothing to read without a road camera."""
+  road, wide, driver = VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD, VisionStreamType.DRIVER
+  assert choose_streams({road, wide, driver}) == StreamChoice(road, wide, main_wide=False)
+  assert choose_streams({road}) == StreamChoice(road, None, main_wide=False)
+  assert choose_streams({wide}) == StreamChoice(wide, None, main_wide=True)
+  assert choose_streams(set()) is None and choose_streams({driver}) is None
 
 
 def test_reconnect_with_a_new_camera_size_builds_a_core_for_it():

@@ -127,7 +127,7 @@ def test_serve_stops_with_0_under_publisher_spam(cpu_artifact_1928):
   codes, outs = [], []
   try:
     for _ in range(3):
-      p = subprocess.Popen([sys.executable, "-m", "modeld_msm.cli", "serve", "--artifact", str(cpu_artifact_1928), "--no-realtime"],
+      p = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--artifact", str(cpu_artifact_1928), "--no-realtime"],
                            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       try:
         end = time.monotonic() + 120

@@ -140,7 +140,8 @@ def _live_handles(it) -> int:
 def test_gem_handles_return_to_baseline_after_free(qcom_artifact, monkeypatch):
   from tinygrad.engine import realize
 
-  from compile.artifact import activate_target, verify_artifact
+  from artifact.format import verify_artifact
+  from artifact.load import activate_target
   from modeld_msm.core import Frame, ModeldCore
   with _on_device(monkeypatch):
     activate_target(verify_artifact(qcom_artifact))   # opens the device first, so its own buffers are in the baseline
@@ -209,11 +210,11 @@ def test_qcom_artifact_without_a_qcom_interface_is_refused(qcom_artifact, prefix
   if os.path.exists("/dev/kgsl-3d0") or any(Path("/dev/dri").glob("renderD*")):
     pytest.skip("this machine may have a QCOM interface")
   env = {k: v for k, v in os.environ.items() if k not in ("MODELD_DEV", "DEV")}
-  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "verify", str(qcom_artifact)], capture_output=True, text=True, timeout=120,
+  r = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(qcom_artifact)], capture_output=True, text=True, timeout=120,
                      env=env)
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr   # integrity is fine: it is the machine that is wrong
   # no camera server: serve must refuse the artifact at start-up, not after waiting for frames
-  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "serve", "--artifact", str(qcom_artifact), "--no-realtime", "--max-frames", "1"],
+  r = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--artifact", str(qcom_artifact), "--no-realtime", "--max-frames", "1"],
                      capture_output=True, text=True, timeout=120, env={**env, "OPENPILOT_PREFIX": prefix})
   err = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
   assert r.returncode == 2, r.stdout + r.stderr

@@ -189,7 +189,7 @@ def test_tiny_matches_in_tinygrad(tiny_dir):
 
 
 def test_cli_writes_both_and_reports(tmp_path, capsys):
-  from modeld_msm.cli import main
+  from cli.main import main
   assert main(["models", "--size", "tiny", "-o", str(tmp_path / "m"), "--seed", "3"]) == 0
   out = capsys.readouterr().out
   assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["driving_policy.onnx", "driving_vision.onnx"]  # no temp files left
@@ -200,7 +200,7 @@ def test_cli_writes_both_and_reports(tmp_path, capsys):
 
 
 def test_cli_rejects_a_file_as_output_dir(tmp_path, capsys):
-  from modeld_msm.cli import main
+  from cli.main import main
   (tmp_path / "f").write_text("x")
   assert main(["models", "-o", str(tmp_path / "f")]) == 2
   assert "not a directory" in capsys.readouterr().err

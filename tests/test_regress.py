@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-from modeld_msm.regress import regress
+from offcar.regress import regress
 from selfdrive_glue import messaging
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogWriter
@@ -52,7 +52,7 @@ def _write(path, evs):
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "modeld_msm.cli", "regress", *map(str, args)], capture_output=True, text=True, timeout=120)
+  return subprocess.run([sys.executable, "-m", "cli.main", "regress", *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
 def test_unchanged_passes_and_writes_a_report(tmp_path):

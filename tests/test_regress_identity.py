@@ -10,9 +10,10 @@ import test_replay
 from conftest import run_cli
 from test_regress import _outputs, _write
 
-from modeld_msm import replay_store as store
-from modeld_msm.regress import read_messages, regress
-from modeld_msm.replay_accuracy import regress_accuracy, regress_lines
+from offcar import replay_store as store
+from offcar.log_compare import read_messages
+from offcar.regress import regress
+from offcar.replay_accuracy import regress_accuracy, regress_lines
 from selfdrive_glue import messaging
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic

@@ -11,9 +11,9 @@ import pytest
 import test_replay
 from test_regress import _outputs, _write
 
-from modeld_msm import replay_store as store
-from modeld_msm.regress import regress, write_report
-from modeld_msm.replay import replay_segment
+from offcar import replay_store as store
+from offcar.regress import regress, write_report
+from offcar.replay import replay_segment
 from selfdrive_glue.files import write_atomic
 from selfdrive_glue.logs import LogReader, LogWriter
 from selfdrive_glue.synth import synth_segment
@@ -49,7 +49,7 @@ def replayed(tmp_path_factory, artifact):
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "modeld_msm.cli", "regress", *map(str, args)], capture_output=True, text=True, timeout=300,
+  return subprocess.run([sys.executable, "-m", "cli.main", "regress", *map(str, args)], capture_output=True, text=True, timeout=300,
                         cwd=ROOT)
 
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from compile.artifact import ArtifactError, resolve_artifact, verify_artifact
+from artifact.format import ArtifactError, resolve_artifact, verify_artifact
 
 
 @pytest.mark.slow
@@ -23,7 +23,7 @@ def test_bundle_both_cameras(tiny_models, tmp_path):
     assert bundle["artifacts"][cam]["smoke"]["outputs"] == 90 and bundle["artifacts"][cam]["provenance"]["camera"] == cam
   assert not [p for p in tmp_path.iterdir() if p.name.startswith(".artifacts")]   # no temp dirs left
   assert ["camera", "target", "seconds", "size", "checks"] in [ln.split() for ln in r.stdout.splitlines()]   # the summary table
-  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "smoke", "--bundle", out], capture_output=True, text=True, timeout=300)
+  r = subprocess.run([sys.executable, "-m", "cli.main", "smoke", "--bundle", out], capture_output=True, text=True, timeout=300)
   assert r.returncode == 0 and "verdict: PASS: 2 of 2 camera size(s)" in r.stdout, r.stdout + r.stderr
 
 

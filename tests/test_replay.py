@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modeld_msm.frame_map import plan_segment
-from modeld_msm.regress import regress
-from modeld_msm.replay import Replayer, replay_many, replay_segment
+from offcar.frame_map import plan_segment
+from offcar.regress import regress
+from offcar.replay import Replayer, replay_many, replay_segment
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader, LogWriter
 from selfdrive_glue.nv12 import nv12_info
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.xdist_group("replay")  # one worker builds the artifact
 def _artifact_key() -> str:
   import json
 
-  from compile.artifact import installed_versions
+  from artifact.format import installed_versions
   h = hashlib.sha256(json.dumps(installed_versions(), sort_keys=True).encode())
   for p in sorted((ROOT / "compile").glob("*.py")):
     h.update(p.read_bytes())
@@ -61,7 +61,7 @@ def seg(tmp_path_factory):
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "modeld_msm.cli", "replay", "--quiet", *map(str, args)], capture_output=True, text=True,
+  return subprocess.run([sys.executable, "-m", "cli.main", "replay", "--quiet", *map(str, args)], capture_output=True, text=True,
                         timeout=300, cwd=ROOT)
 
 
@@ -137,7 +137,7 @@ def test_cli_jobs_match_serial_and_regress_passes(artifact, tmp_path):
   assert len(files) == 4 and files == sorted(p.name for p in (tmp_path / "par").iterdir())
   for f in files:
     assert (tmp_path / "serial" / f).read_bytes() == (tmp_path / "par" / f).read_bytes()
-  r = subprocess.run([sys.executable, "-m", "modeld_msm.cli", "regress", str(tmp_path / "par"), str(tmp_path / "serial")],
+  r = subprocess.run([sys.executable, "-m", "cli.main", "regress", str(tmp_path / "par"), str(tmp_path / "serial")],
                      capture_output=True, text=True, timeout=120)
   assert r.returncode == 0 and "PASS: 2 log(s)" in r.stdout
 
@@ -216,7 +216,7 @@ def test_first_calibration_is_known_from_the_start(seg, artifact, tmp_path):
 
 
 def test_output_naming(tmp_path):
-  from modeld_msm.replay import output_paths
+  from offcar.replay import output_paths
   from selfdrive_glue.errors import UserError
   from selfdrive_glue.route import Segment
   one = [Segment(tmp_path / "r--0")]
@@ -546,7 +546,7 @@ def test_road_and_wide_pair_within_25_ms(seg, artifact, tmp_path, offset_ms, ext
 
 @pytest.mark.slow
 def test_modeld_pairs_within_25_ms_too(cpu_artifact_1928, prefix):
-  """modeld.py keeps its own copy of the window (PAIR_WINDOW_NS there): with the wide camera 20 ms early a road frame
+  """Serve pairs VisionIPC receives, replay logged states (one rule, modeld_msm/frames.py): with the wide camera 20 ms early a road frame
   goes with the wide frame of the same capture; 30 ms early, with the next one (20 ms after it), as openpilot's modeld
   pairs them. One modeld process, the offset changed midway."""
   from conftest import ModeldHarness, stop_process

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_replay import artifact  # noqa: F401  (the cached tiny 1344x760 CPU artifact; same xdist group)
 
-from modeld_msm.frame_map import plan_segment
-from modeld_msm.replay_accuracy import TruthSource, evaluate, lat_action_t, outputs_from_log, synthetic_source, truth_at
+from offcar.frame_map import plan_segment
+from offcar.replay_accuracy import TruthSource, evaluate, lat_action_t, outputs_from_log, synthetic_source, truth_at
 from selfdrive_glue import messaging
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader
@@ -103,7 +103,7 @@ def route(tmp_path_factory):
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "modeld_msm.cli", *map(str, args)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+  return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")

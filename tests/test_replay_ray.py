@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from modeld_msm import replay_store as store
-from modeld_msm.replay import replay_many
+from offcar import replay_store as store
+from offcar.replay import replay_many
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.route import expand_segments
 from selfdrive_glue.synth import synth_route
@@ -76,7 +76,7 @@ def _outputs(d: Path) -> dict[str, bytes]:
 
 
 def test_worker_killed_mid_run_output_identical_to_serial(route, serial, artifact, local_ray, tmp_path):
-  from modeld_msm.replay_ray import replay_ray
+  from offcar.replay_ray import replay_ray
   killed: list[int] = []
 
   def kill_once(actor: int, pid: int, results):
@@ -94,7 +94,7 @@ def test_worker_killed_mid_run_output_identical_to_serial(route, serial, artifac
 
 
 def test_rerun_skips_finished_segments_and_redoes_the_rest(route, serial, artifact, local_ray, tmp_path):
-  from modeld_msm.replay_ray import replay_ray
+  from offcar.replay_ray import replay_ray
   segs = expand_segments([str(route)])
   out = tmp_path / "out"
   first = replay_ray(segs[:5], artifact, out, jobs=2, progress=False)
@@ -149,7 +149,7 @@ def test_cli_joins_a_cluster_by_address_and_resumes(route, serial, artifact, tmp
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
   try:
     addr = f"127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "modeld_msm.cli", "replay", str(route), "-o", str(tmp_path / "out"), "--artifact", str(artifact),
+    cmd = [sys.executable, "-m", "cli.main", "replay", str(route), "-o", str(tmp_path / "out"), "--artifact", str(artifact),
            "--engine", "ray", "--address", addr, "--quiet"]
     deadline = time.monotonic() + 60
     while True:  # the head takes a few seconds to come up
@@ -178,7 +178,7 @@ def test_cli_joins_a_cluster_by_address_and_resumes(route, serial, artifact, tmp
 
 
 def test_cli_refusals(route, artifact, tmp_path):
-  base = [sys.executable, "-m", "modeld_msm.cli", "replay", str(route), "-o", str(tmp_path / "o"), "--artifact", str(artifact)]
+  base = [sys.executable, "-m", "cli.main", "replay", str(route), "-o", str(tmp_path / "o"), "--artifact", str(artifact)]
   r = subprocess.run([*base, "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
   assert r.returncode == 2 and "add --engine ray" in r.stderr
   r = subprocess.run([*base, "--gpus-per-actor", "0.5"], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -192,7 +192,7 @@ def test_cli_refusals(route, artifact, tmp_path):
 # ---- GPU packing: --gpus-per-actor -> Ray num_gpus ----
 
 def test_actor_options_ask_the_gpu_share_only_for_gpu_artifacts():
-  from modeld_msm.replay_ray import ACTORS_PER_GPU, TASK_RETRIES, actor_options
+  from offcar.replay_ray import ACTORS_PER_GPU, TASK_RETRIES, actor_options
   base = {"num_cpus": 1, "max_restarts": -1, "max_task_retries": TASK_RETRIES}
   assert actor_options("CPU") == base  # no GPU asked: Ray leaves CUDA_VISIBLE_DEVICES alone and packs by CPUs
   assert actor_options("CPU", 0) == base
@@ -205,7 +205,7 @@ def test_actor_options_ask_the_gpu_share_only_for_gpu_artifacts():
 
 
 def test_actor_capacity_is_bounded_by_cpus_and_by_whole_gpus():
-  from modeld_msm.replay_ray import actor_capacity
+  from offcar.replay_ray import actor_capacity
   assert actor_capacity(16, 1, 0.25) == 4  # the H200 host: 4 replayers share its GPU
   assert actor_capacity(2, 1, 0.25) == 2  # CPUs bound it: every actor also takes one
   assert actor_capacity(64, 2, 0.3) == 6  # a fractional actor lives on one GPU: 3 per GPU, not 6.67
@@ -217,7 +217,7 @@ def test_actor_capacity_is_bounded_by_cpus_and_by_whole_gpus():
 def test_hcq_runtimes_get_their_gpu_through_tinygrads_device_indices():
   from tinygrad.helpers import Target
 
-  from modeld_msm.replay_ray import hcq_target
+  from offcar.replay_ray import hcq_target
   assert Target.parse(hcq_target("NV", [2]) or "").indices == "2" and Target.parse(hcq_target("NV", [2]) or "").device == "NV"
   assert Target.parse(hcq_target("AMD", ["0", "3"]) or "").indices == "0,3"
   assert hcq_target("CUDA", [1]) is None  # libcuda honours the CUDA_VISIBLE_DEVICES Ray sets
@@ -226,7 +226,7 @@ def test_hcq_runtimes_get_their_gpu_through_tinygrads_device_indices():
 
 
 def test_ray_packs_at_most_one_over_f_actors_per_gpu_and_sets_cuda_visible_devices(artifact, fake_gpu_ray):
-  from modeld_msm.replay_ray import ReplayWorker, actor_options
+  from offcar.replay_ray import ReplayWorker, actor_options
   cls = ray.remote(**actor_options("CUDA", 0.25))(ReplayWorker)
   actors = [cls.remote(str(artifact), "CUDA") for _ in range(6)]  # 8 CPUs would fit 6; the GPU fits 4
   refs = [a.where.remote() for a in actors]
@@ -249,7 +249,7 @@ def test_ray_packs_at_most_one_over_f_actors_per_gpu_and_sets_cuda_visible_devic
 def test_replay_on_fake_gpus_uses_the_share_and_matches_serial(route, serial, artifact, fake_gpu_ray, monkeypatch, tmp_path):
   """The driver is told the artifact is a CUDA one (its workers still run the CPU artifact they load), so replay_ray sizes
   and places its actors by the GPU share: 0.5 -> 2 workers on the one GPU though 8 CPUs are free, outputs unchanged."""
-  from modeld_msm import replay_ray as rr
+  from offcar import replay_ray as rr
   monkeypatch.setattr(rr, "artifact_device", lambda a: "CUDA")
   segs = expand_segments([str(route)])
   run = rr.replay_ray(segs, artifact, tmp_path / "out", progress=False, gpus_per_actor=0.5)
@@ -262,14 +262,14 @@ def test_replay_on_fake_gpus_uses_the_share_and_matches_serial(route, serial, ar
 
 
 def test_gpu_artifact_on_a_cluster_without_gpus_is_refused(route, artifact, local_ray, monkeypatch, tmp_path):
-  from modeld_msm import replay_ray as rr
+  from offcar import replay_ray as rr
   monkeypatch.setattr(rr, "artifact_device", lambda a: "CUDA")
   with pytest.raises(UserError, match="is for CUDA but the Ray cluster has no GPU"):
     rr.replay_ray(expand_segments([str(route)])[:1], artifact, tmp_path / "o", progress=False)
 
 
 def test_artifact_device_reads_the_metadata(artifact, tmp_path):
-  from modeld_msm.replay_ray import artifact_device
+  from offcar.replay_ray import artifact_device
   assert artifact_device(artifact) == "CPU"
   bundle = tmp_path / "bundle"
   for cam, dev in (("1344x760", "CUDA"), ("1928x1208", "CPU")):

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from compile.jit_pickle import _covered, pickle_programs, scratch_buffers, unpickle_programs
+from artifact.jit_pickle import _covered, pickle_programs, scratch_buffers, unpickle_programs
 
 
 def _stateful_jit(seed: int = 0):

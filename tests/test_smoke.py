@@ -43,7 +43,7 @@ def cpu_bundle(tiny_models, cpu_artifact_1928, tmp_path_factory):
   out = tmp_path_factory.mktemp("cpu_bundle") / "bundle"
   mp, printed = pytest.MonkeyPatch(), io.StringIO()
   try:
-    mp.setattr("compile.build.compile_artifact", _stand_in_compile(cpu_artifact_1928))
+    mp.setattr(build, "compile_artifact", _stand_in_compile(cpu_artifact_1928))
     with contextlib.redirect_stdout(printed):
       rc = build.main(["--vision", str(tiny_models / "driving_vision.onnx"), "--policy", str(tiny_models / "driving_policy.onnx"),
                        "--device", "CPU", "--camera", CAM, "-o", str(out)])
@@ -147,7 +147,7 @@ def test_corrupted_artifact_is_refused_naming_the_file(cpu_bundle, tmp_path):
 
 def test_a_gpu_computing_wrong_numbers_fails_naming_the_output(cpu_bundle, monkeypatch):
   """What a device whose GPU miscomputes looks like: the artifact verifies and loads, one output drifts at frame 12."""
-  from compile.artifact import verify_artifact
+  from artifact.format import verify_artifact
   from modeld_msm.model_state import ModelState
   from release import smoke
   bundle = cpu_bundle[0]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from compile.refmodels import STAND_IN_DIR, VISION_SLICES, stand_in_model
-from modeld_msm import accuracy
 from modeld_msm.actions import action_times, plan_curvature
+from offcar import accuracy
 from selfdrive_glue.camera import device_camera_config, get_warp_matrix, sensor_and_device
 from selfdrive_glue.road_render import RoadScene
 from selfdrive_glue.road_truth import truth

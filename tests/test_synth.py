@@ -122,7 +122,7 @@ def test_route_of_consecutive_segments(tmp_path):
 
 
 def test_cli_writes_and_refuses_to_overwrite(tmp_path):
-  cmd = [sys.executable, "-m", "modeld_msm.cli", "synth", "-o", str(tmp_path / "s"), "--seconds", "0.25", "--seed", "4",
+  cmd = [sys.executable, "-m", "cli.main", "synth", "-o", str(tmp_path / "s"), "--seconds", "0.25", "--seed", "4",
          "--camera", "1344x760", "--quiet", "--no-qcamera"]
   r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr

@@ -25,7 +25,7 @@ def _ort(model, feeds):
 def test_trainable_graph_matches_onnxruntime_and_exports_its_fold(kind, width):
   from tinygrad import Tensor
 
-  from modeld_msm.train.graph import TrainableGraph
+  from offcar.train.graph import TrainableGraph
   rng = np.random.default_rng(1)
   model = build_model(kind, "tiny", 3)
   g = TrainableGraph(model, width)
@@ -54,8 +54,7 @@ def test_trainable_graph_matches_onnxruntime_and_exports_its_fold(kind, width):
 
 
 def test_feature_buffers_are_the_queue_modeld_keeps():
-  from modeld_msm.train.data import Drives
-  from modeld_msm.train.recipe import feature_buffers
+  from offcar.train.data import Drives, feature_buffers
   n = 60
   drives = Drives(np.zeros((n, 2, 6, 128, 256), np.uint8), np.repeat([0, 1], 30), np.tile(np.arange(30), 2), [None] * n, [0, 1], "1928x1208")
   hidden = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 512), np.float32) + 1
@@ -70,7 +69,7 @@ def test_feature_buffers_are_the_queue_modeld_keeps():
 def test_training_reduces_the_loss_and_writes_a_loadable_pair(tmp_path):
   import onnx
 
-  from modeld_msm.train.recipe import Recipe, train
+  from offcar.train.recipe import Recipe, train
   recipe = Recipe(seed=1, train_drives=3, eval_drives=1, frames_per_drive=6, vision_steps=30, policy_steps=30, batch=4, lr=3e-3)
   logs: list[str] = []
   info = train(recipe, tmp_path, log=logs.append)

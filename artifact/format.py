@@ -1,0 +1,250 @@
+"""The compiled artifact: a directory of pickled TinyJits + metadata.json + manifest.json (sha256 of every file), and
+optionally manifest.sig (an ed25519 signature over the manifest, artifact/signing.py).
+
+Nothing is unpickled until the manifest, the signature (when a public key is configured), the versions and the device
+have all been checked, and then only through artifact/jit_pickle.py, which constructs the classes a JIT needs and nothing else.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+from artifact import signing
+from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import sha256_file
+from selfdrive_glue.nv12 import nv12_info
+
+FORMAT = 1
+MANIFEST, METADATA = "manifest.json", "metadata.json"
+# what an artifact's metadata may name as its device (compile/build.py TARGETS, less the renderer after the colon)
+DEVICES = ("CPU", "QCOM", "CUDA", "NV", "AMD")
+POLICY_PKL, WARP_PKL = "driving_policy.pkl", "driving_warp.pkl"
+REBUILD_HINT = "rebuild it with `modeld-msm compile` on this version (or `./dev demo`, which rebuilds its cache)"
+
+
+class ArtifactError(UserError):
+  pass
+
+
+def installed_versions() -> dict[str, str | None]:
+  out: dict[str, str | None] = {}
+  for pkg in ("tinygrad", "tinymesa"):
+    try:
+      out[pkg] = importlib_metadata.version(pkg)
+    except importlib_metadata.PackageNotFoundError:
+      out[pkg] = None
+  return out
+
+
+# errnos of a write that ran out of room: a full disk, a quota, a file size limit (RLIMIT_FSIZE, with SIGXFSZ ignored)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full_error(e: BaseException, what: str, out_dir: str | os.PathLike) -> UserError | None:
+  """A clear UserError for a write that ran out of room while `what`, or None when e is something else. sqlite (tinygrad's
+  kernel cache, ~/.cache/tinygrad/cache.db) reports the same failure as an OperationalError, not an OSError."""
+  if isinstance(e, OSError) and e.errno in DISK_FULL:
+    why = f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
+  elif type(e).__name__ == "OperationalError" and type(e).__module__ == "sqlite3" and ("disk" in str(e) or "full" in str(e)):
+    why = f"tinygrad's kernel cache could not be written ({e}; CACHELEVEL=0 turns that cache off)"
+  else:
+    return None
+  return UserError(f"out of disk space {what} ({why}); nothing was written to {out_dir} (an artifact already there is unchanged): "
+                   "free some space and run it again")
+
+
+def write_artifact(out_dir: Path, files: dict[str, bytes], meta: dict[str, Any]) -> Path:
+  """Write files + metadata + manifest into a temp dir beside out_dir, then swap it in (never half-written: a failure, a full
+  disk included, removes the temp dir and any parent folders made for it, and leaves an existing out_dir as it was)."""
+  out_dir = Path(out_dir)
+  parent = out_dir.resolve().parent
+  made = [p for p in (parent, *parent.parents) if not p.exists()]   # deepest first: what a failure must remove again
+  try:
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
+  except OSError as e:
+    _remove_empty(made)
+    if (full := disk_full_error(e, "creating the artifact's folder", out_dir)) is not None:
+      raise full from None
+    raise UserError(f"cannot write the artifact into {parent}: {e.strerror}; choose a writable output directory") from None
+  try:
+    all_files = dict(files)
+    all_files[METADATA] = json.dumps(meta, indent=1, sort_keys=True).encode()
+    for name, data in all_files.items():
+      _write_synced(tmp / name, data)
+    manifest = {"format": FORMAT, "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(all_files.items())}}
+    _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    swap_in_dir(tmp, out_dir)
+  except BaseException as e:
+    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_empty(made)
+    if isinstance(e, Exception) and (full := disk_full_error(e, "writing the artifact", out_dir)) is not None:
+      raise full from None
+    raise
+  return out_dir
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+  # flushed to disk before the swap: a full disk is an error here (all of it, write and flush), not a file truncated after a crash
+  with open(path, "wb") as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+  for d in dirs:
+    try:
+      d.rmdir()
+    except OSError:
+      break   # not empty (someone else wrote there meanwhile) or already gone: leave it and its parents
+
+
+def swap_in_dir(tmp: Path, out_dir: Path) -> None:
+  """Replace out_dir by the finished tmp dir (same parent): readers see the old tree or the new one, never a mix."""
+  os.chmod(tmp, 0o755)
+  old = None
+  if out_dir.exists():
+    old = out_dir.resolve().parent / f".{out_dir.name}.old-{os.getpid()}"
+    os.replace(out_dir, old)
+  try:
+    os.replace(tmp, out_dir)
+  except BaseException:
+    if old is not None:
+      os.replace(old, out_dir)   # the old tree back where it was: a failed swap must not lose the artifact being replaced
+    raise
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@dataclass
+class VerifiedArtifact:
+  path: Path
+  meta: dict[str, Any]
+  digests: dict[str, str]
+  signed_by: str | None = None  # key id, when a configured public key checked the signature
+
+  @property
+  def camera(self) -> tuple[int, int]:
+    return int(self.meta["camera"]["width"]), int(self.meta["camera"]["height"])
+
+  @property
+  def device(self) -> str:
+    return str(self.meta["device"])
+
+  @property
+  def target(self) -> str:
+    return str(self.meta["target"])
+
+  def output_slices(self, kind: str) -> dict[str, slice]:
+    return {k: slice(a, b) for k, (a, b) in self.meta["models"][kind]["output_slices"].items()}
+
+
+def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[int, int] | None = None,
+                    pubkey: str | os.PathLike | None = None) -> VerifiedArtifact:
+  """Check integrity, signature (pubkey, else $MODELD_PUBKEY, if set), versions, device and camera.
+  Reads JSON and hashes only; never unpickles."""
+  path = Path(path)
+  if not path.is_dir():
+    raise ArtifactError(f"artifact {path} does not exist or is not a directory; {REBUILD_HINT}")
+  try:
+    manifest_bytes = (path / MANIFEST).read_bytes()
+  except FileNotFoundError:
+    raise ArtifactError(f"artifact {path} has no {MANIFEST}; {REBUILD_HINT}") from None
+  try:
+    manifest = json.loads(manifest_bytes)
+    listed = manifest["files"]
+  except Exception:
+    listed = None
+  if not isinstance(listed, dict) or manifest.get("format") != FORMAT:
+    raise ArtifactError(f"artifact {path}: {MANIFEST} is corrupt or of another format; {REBUILD_HINT}")
+  signed_by = None
+  if (key := signing.configured_pubkey(pubkey)) is not None:
+    signed_by = signing.check_signature(path, manifest_bytes, key)
+  present = {p.name for p in path.iterdir() if p.name not in (MANIFEST, signing.SIGNATURE)}
+  if extra := present - set(listed):
+    raise ArtifactError(f"artifact {path} has files not in its manifest: {', '.join(sorted(extra))}; {REBUILD_HINT}")
+  for name, digest in listed.items():
+    f = path / name
+    if not f.is_file():
+      raise ArtifactError(f"artifact {path} is missing {name}; {REBUILD_HINT}")
+    if sha256_file(f) != digest:
+      raise ArtifactError(f"artifact {path}: {name} does not match its manifest checksum (modified or corrupt); {REBUILD_HINT}")
+  try:
+    meta = json.loads((path / METADATA).read_text())
+  except Exception:
+    raise ArtifactError(f"artifact {path}: {METADATA} is unreadable; {REBUILD_HINT}") from None
+  for pkg, have in installed_versions().items():
+    want = meta.get("versions", {}).get(pkg)
+    if want != have:
+      raise ArtifactError(f"artifact {path} was built with {pkg} {want}, this install has {have}; {REBUILD_HINT}")
+  if device is not None and meta.get("device") != device:
+    raise ArtifactError(f"artifact {path} is for device {meta.get('device')} ({meta.get('target')}), not {device}; "
+                        f"compile one with `modeld-msm compile --device {device}`")
+  _check_camera_geometry(path, meta)
+  art = VerifiedArtifact(path, meta, dict(listed), signed_by)
+  if camera is not None:
+    require_camera(art, camera)
+  for prog in (POLICY_PKL, WARP_PKL):
+    if prog not in listed:
+      raise ArtifactError(f"artifact {path} lacks {prog}; {REBUILD_HINT}")
+  return art
+
+
+def require_camera(art: VerifiedArtifact, camera: tuple[int, int]) -> None:
+  if art.camera != tuple(camera):
+    raise ArtifactError(f"artifact {art.path} is for camera {art.camera[0]}x{art.camera[1]}, the stream is {camera[0]}x{camera[1]}; "
+                        f"compile one with `--camera {camera[0]}x{camera[1]}`")
+
+
+def resolve_artifact(path: str | Path, camera: tuple[int, int]) -> Path:
+  """An artifact dir, or a release bundle holding one artifact per camera size (`<bundle>/<w>x<h>/`)."""
+  path = Path(path)
+  if (path / MANIFEST).exists():
+    return path
+  sub = path / f"{camera[0]}x{camera[1]}"
+  if (sub / MANIFEST).exists():
+    return sub
+  have = [p.name for p in _bundle_artifacts(path)]
+  raise ArtifactError(f"no artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'}); "
+                      f"compile one with `modeld-msm compile --camera {camera[0]}x{camera[1]}`")
+
+
+def _bundle_artifacts(path: Path) -> list[Path]:
+  """The artifact directories of a release bundle (one per camera size), sorted; none when path is no directory."""
+  return sorted(p for p in path.iterdir() if (p / MANIFEST).exists()) if path.is_dir() else []
+
+
+def sign_tree(path: str | Path, key: Path) -> list[tuple[Path, str]]:
+  """Sign an artifact, or each artifact of a bundle, after verifying it (a tampered artifact is never signed)."""
+  path = Path(path)
+  arts = [path] if (path / MANIFEST).exists() else _bundle_artifacts(path)
+  if not arts:
+    raise ArtifactError(f"{path} is neither an artifact nor a bundle of artifacts; pass what `modeld-msm compile` or the release build wrote")
+  for a in arts:
+    verify_artifact(a, pubkey="")  # integrity and versions; "" ignores $MODELD_PUBKEY, since the old signature is about to go
+  return [(a, signing.sign_artifact(a, key, MANIFEST)) for a in arts]
+
+
+def _check_camera_geometry(path: Path, meta: dict[str, Any]) -> None:
+  """The NV12 layout in the metadata is the one its width and height give (selfdrive_glue/nv12.py): an edited size is
+  refused here, before a stream of the other camera is paired with programs whose kernels index the old layout."""
+  cam: Any = meta.get("camera")
+  try:
+    nv = nv12_info(int(cam["width"]), int(cam["height"]))
+    want = {"width": nv.width, "height": nv.height, "stride": nv.stride, "y_height": nv.y_height, "uv_height": nv.uv_height,
+            "uv_offset": nv.uv_offset, "size": nv.size}
+    bad = [k for k, v in want.items() if k in cam and cam[k] != v]   # a field the writer left out was not edited
+  except (TypeError, KeyError, ValueError, AttributeError):
+    raise ArtifactError(f"artifact {path}: {METADATA} has no readable camera size; {REBUILD_HINT}") from None
+  if bad:
+    raise ArtifactError(f"artifact {path}: {METADATA}'s camera {cam['width']}x{cam['height']} disagrees with its own NV12 layout "
+                        f"({', '.join(f'{k} {cam.get(k)}, not {want[k]}' for k in bad)}): it was edited; {REBUILD_HINT}")

@@ -1,0 +1,99 @@
+"""Loading a verified artifact: open its device, unpickle its programs through the allowlist, check their frame inputs.
+
+The car runs this, and only this, of the artifact code besides the checks in artifact/format.py: nothing here builds.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from typing import Any
+
+import numpy as np
+from tinygrad import Tensor, dtypes
+
+from artifact import cpu_replay, cpu_threads
+from artifact.format import METADATA, POLICY_PKL, REBUILD_HINT, WARP_PKL, ArtifactError, VerifiedArtifact
+from artifact.jit_pickle import PickleRefused, unpickle_programs
+from selfdrive_glue.nv12 import CAMERA_SIZES, nv12_info
+
+
+def activate_target(art: VerifiedArtifact) -> None:
+  """Point tinygrad at the artifact's device/renderer before anything is unpickled (pickles open their device)."""
+  from tinygrad.helpers import DEV
+  target = os.environ.get("MODELD_DEV") or art.meta["load_target"]
+  if art.device == "QCOM":
+    import backend
+    backend.install()
+    backend.set_kernel_costs(art.meta.get("kernel_us") or {})   # before any graph binds: they are cut into submits by it
+  DEV.value = target
+  from tinygrad import Device
+  try:
+    Device[Device.DEFAULT]
+  except Exception as e:
+    raise ArtifactError(f"artifact {art.path} is for {art.device} ({target}), which cannot be opened here ({_why(e)}); "
+                        f"use an artifact compiled for this machine (e.g. `modeld-msm compile --device CPU`)") from None
+  if art.device == "CPU":   # its kernels' THREAD parts run on all cores, not one after another (artifact/cpu_threads.py)
+    cpu_threads.install(Device.DEFAULT)
+
+
+def _why(e: BaseException) -> str:
+  """tinygrad tries each kernel interface and raises a group of failures: name each one, briefly."""
+  if isinstance(e, BaseExceptionGroup):
+    return "; ".join(_why(x) for x in e.exceptions)
+  return f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+
+
+def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:
+  """Unpickle the (policy, warp) TinyJits of an already verified artifact, admitting only the classes a JIT needs; on a
+  CPU each is replayed by artifact/cpu_replay.py."""
+  activate_target(art)
+  try:
+    jits = unpickle_programs(_read_checked(art, POLICY_PKL), _read_checked(art, WARP_PKL), names=(POLICY_PKL, WARP_PKL))
+  except PickleRefused as e:
+    raise ArtifactError(f"artifact {art.path} refused: {e}; {REBUILD_HINT}") from None
+  _check_frame_inputs(art, jits)
+  from tinygrad import Device
+
+  return cpu_replay.wrap(jits[0], Device.DEFAULT), cpu_replay.wrap(jits[1], Device.DEFAULT)
+
+
+def frame_input_bytes(jit: Any) -> dict[int, int]:
+  """{argument position: bytes} of the camera frames (arguments 0 and 1, flat uint8) a captured JIT was built for, read off
+  its own input parameters: the size is baked into its kernels, whatever metadata.json says."""
+  from tinygrad.engine.realize import get_call_arg_uops
+  from tinygrad.uop.ops import Ops
+  sizes: dict[int, int] = {}
+  for call in jit.captured._linear.src:   # a graph call lists every input it reads as its own argument, so one level suffices
+    if call.op is not Ops.CALL:
+      continue
+    for u in (p for a in get_call_arg_uops(call) for p in a.toposort() if p.op is Ops.PARAM and p.arg.slot in (0, 1)):
+      sizes[u.arg.slot] = max(sizes.get(u.arg.slot, 0), int(math.prod(u.shape)) * u.dtype.itemsize)
+  return sizes
+
+
+def _check_frame_inputs(art: VerifiedArtifact, jits: tuple[Any, ...]) -> None:
+  # an unsigned artifact's metadata can be rewritten together with its manifest: the programs' own frame size is the check
+  want = nv12_info(*art.camera).size
+  for name, jit in zip((POLICY_PKL, WARP_PKL), jits):
+    got = set(frame_input_bytes(jit).values())
+    if got and got != {want}:
+      built = [c for c, wh in CAMERA_SIZES.items() if nv12_info(*wh).size in got]
+      raise ArtifactError(f"artifact {art.path}: {METADATA} says camera {art.camera[0]}x{art.camera[1]} ({want}-byte frames), but {name} "
+                          f"was compiled for {'/'.join(map(str, sorted(got)))}-byte frames ({', '.join(built) or 'another camera'}): "
+                          f"the metadata was edited; {REBUILD_HINT}")
+
+
+def _read_checked(art: VerifiedArtifact, name: str) -> bytes:
+  # hash the exact bytes we unpickle, so a file swapped after verify_artifact is still refused
+  data = (art.path / name).read_bytes()
+  if hashlib.sha256(data).hexdigest() != art.digests[name]:
+    raise ArtifactError(f"artifact {art.path}: {name} changed after verification; {REBUILD_HINT}")
+  return data
+
+
+def frame_tensor(buf: np.ndarray, device: str):
+  """A flat uint8 device tensor over a camera buffer: zero-copy on CPU (the buffer must outlive the tensor)."""
+  if device.split(":")[0] == "CPU":
+    return Tensor.from_blob(buf.ctypes.data, (buf.size,), dtype=dtypes.uint8, device=device)
+  return Tensor(buf, device=device)

@@ -1,0 +1,44 @@
+"""`modeld-msm compile`: build one verified artifact for a camera size and device."""
+from __future__ import annotations
+
+from artifact.format import disk_full_error
+from compile.build import compile_artifact
+from selfdrive_glue.nv12 import parse_camera
+
+
+def add_arguments(p) -> None:
+  p.add_argument("--vision", required=True, help="driving_vision.onnx")
+  p.add_argument("--policy", required=True, help="driving_policy.onnx")
+  p.add_argument("--camera", default="1928x1208", help="camera size: 1928x1208 (ar0231/ox03c10) or 1344x760 (os04c10)")
+  p.add_argument("--device", default="CPU", help="CPU (off the car), CPU:LLVM (needs libLLVM >= 16), QCOM (Adreno 630, captured on the "
+                                                 "emulated render node), or a workstation GPU for replay: CUDA, NV, AMD")
+  p.add_argument("-o", "--out", required=True, help="artifact directory to write (replaced atomically)")
+  p.add_argument("--precision", choices=("auto", "fp16", "fp32"), default="auto",
+                 help="compute precision (default auto: fp32 on a CPU, native fp16 or not; fp16 on QCOM, always, and on GPUs)")
+  p.add_argument("--layout", choices=("auto", "on", "off"), default=None,
+                 help="CPU layout (transposed constant weights, dense convolutions materialised, pointwise convolutions on our "
+                      "kernel); default auto = on for CPU targets, "
+                      "or $MODELD_CPU_LAYOUT")
+  p.add_argument("--search", choices=("auto", "off"), default=None,
+                 help="the shipped kernel search (compile/cpu_search_table.json), used only where it was recorded for these models; "
+                      "default auto, or $MODELD_CPU_SEARCH")
+
+
+def run(args) -> int:
+  try:
+    report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out, precision=args.precision,
+                              layout=args.layout, search=args.search)
+  except Exception as e:
+    # a full disk can hit any write of the compile (tinygrad's kernel cache, temp model copies, the artifact): one clear line,
+    # exit 2, instead of a traceback from wherever it struck; the artifact itself is written atomically (artifact/format.py)
+    full = None
+    x: BaseException | None = e
+    for _ in range(8):   # down the chain: tinygrad re-raises a compile worker's error with the original as its cause
+      if x is None or (full := disk_full_error(x, "while compiling", args.out)) is not None:
+        break
+      x = x.__cause__ or x.__context__
+    if full is None:
+      raise
+    raise full from None
+  print(report.table())
+  return 0

@@ -1,0 +1,131 @@
+"""`modeld-msm doctor`: versions, usable GPU kernel interfaces, and render-node facts with a submit/fence round trip."""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import time
+from typing import Any
+
+from selfdrive_glue.argtypes import integer
+
+TINYMESA_VERSION = "25.2.7.2"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--emu", action="store_true", help="check the emulated render node (DEV=EMU+QCOM) instead of a real one")
+  parser.add_argument("--rounds", type=integer(1), default=20, help="submit/fence round trips to time (default 20)")
+
+
+def _line(ok: bool | None, what: str, detail: str) -> None:
+  mark = {True: "ok  ", False: "FAIL", None: "--  "}[ok]
+  print(f"[{mark}] {what:<22} {detail}")
+
+
+def _versions() -> bool:
+  import backend
+  ok = True
+  try:
+    _line(True, "tinygrad", backend.check_tinygrad())
+  except RuntimeError as e:
+    _line(False, "tinygrad", str(e))
+    ok = False
+  try:
+    v = importlib.metadata.version("tinymesa")
+    good = v == TINYMESA_VERSION
+    _line(good, "tinymesa", v if good else f"{v}, but car artifacts are compiled with {TINYMESA_VERSION}: pip install tinymesa=={TINYMESA_VERSION}")
+    ok = ok and good
+  except importlib.metadata.PackageNotFoundError:
+    _line(False, "tinymesa", f"not installed (IR3 needs it): pip install tinymesa=={TINYMESA_VERSION}")
+    ok = False
+  return ok
+
+
+def _interfaces(emu: bool) -> list[str]:
+  from backend.msm import find_render_node
+  usable = []
+  if os.path.exists("/dev/kgsl-3d0"):
+    _line(True, "interface KGSL", "/dev/kgsl-3d0 (tinygrad's own QCOM path)")
+    usable.append("KGSL")
+  else:
+    _line(None, "interface KGSL", "no /dev/kgsl-3d0")
+  try:
+    fd, path = find_render_node()
+    del fd
+    _line(True, "interface MSM", path)
+    usable.append("MSM")
+  except RuntimeError as e:
+    _line(None, "interface MSM", str(e))
+  level = ("level B: executes the IR3 code (EMU_EXEC=1)" if os.environ.get("EMU_EXEC", "0") not in ("", "0")
+           else "level A: submissions only, no compute (EMU_EXEC=1 executes)")
+  _line(True if emu else None, "interface EMU", f"emulated render node, {level}" if emu else "available with --emu")
+  if emu:
+    usable.append("EMU")
+  return usable
+
+
+def _node_report(iface_name: str, rounds: int) -> bool:
+  import backend
+  backend.install()
+  from tinygrad import Context, Device
+  try:
+    with Context(DEV=f"{iface_name}+QCOM:IR3"):
+      dev: Any = Device["QCOM"]
+  except Exception as e:  # noqa: BLE001 - any failure to open is the answer here
+    _line(False, f"open {iface_name}+QCOM", f"{type(e).__name__}: {e}")
+    return False
+  it = dev.iface
+  s = it.settings
+  _line(True, "render node", f"{it.path} (msm {'.'.join(map(str, it.driver_version))})")
+  _line(True, "chip id", f"{it.chip_id:#010x} (Adreno {''.join(map(str, it.gpu_id))})")
+  va = "not reported (no per-process VM)"
+  if it.va_range:
+    va = f"[{it.va_range[0]:#x}, {it.va_range[0] + it.va_range[1]:#x}) = {it.va_range[1] >> 20} MiB"
+  _line(True, "GPU VA range", va)
+  _line(True, "priorities", f"{it.priorities} (0 is highest)")
+  _line(True, "in effect", f"priority {s.priority} (MSM_PRIORITY), chunks of {s.chunk_kernels or 'all'} kernels (MSM_CHUNK_KERNELS), "
+                           f"{s.inflight} in flight (MSM_INFLIGHT)")
+  try:
+    times = []
+    for _ in range(max(1, rounds)):
+      st = time.perf_counter()
+      dev.hw_compute_queue_t().signal(dev.timeline_signal, dev.next_timeline()).submit(dev)
+      dev.synchronize()
+      times.append(time.perf_counter() - st)
+    times.sort()
+    _line(True, "submit/fence", f"{len(times)} round trips, median {times[len(times) // 2] * 1e6:.0f} us, fence {it.last_fence} retired")
+  except Exception as e:  # noqa: BLE001
+    _line(False, "submit/fence", f"{type(e).__name__}: {e}")
+    return False
+  node = getattr(it, "node", None)
+  if node is not None and node.execute:
+    return _exec_check(node)
+  return True
+
+
+def _exec_check(node) -> bool:
+  """Level B: one small kernel compiled by tinymesa, executed on the emulated a630, checked against numpy."""
+  import numpy as np
+  from tinygrad import Tensor
+  try:
+    x = np.arange(-500, 500, dtype=np.float32) / 50
+    got = (Tensor(x, device="QCOM") * 3 + 1).exp2().numpy()
+    want = np.exp2(x * 3 + 1)
+    ok = bool(np.allclose(got, want, rtol=1e-5))
+    tot = node.exec_total
+    _line(ok, "IR3 execution", f"{tot.instrs} fiber-instructions over {tot.fibers} fibers, "
+                               f"{'matches' if ok else 'DIFFERS from'} numpy (max rel diff {np.max(np.abs(got / want - 1)):.2g})")
+    return ok
+  except Exception as e:  # noqa: BLE001
+    _line(False, "IR3 execution", f"{type(e).__name__}: {e}")
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
+  ok = _versions()
+  usable = _interfaces(args.emu)
+  target = "EMU" if args.emu else ("MSM" if "MSM" in usable else None)
+  if target is None:
+    print("no render node to check" + ("" if "KGSL" in usable else "; run with --emu to check the emulated one"))
+    return 0 if ok and usable else 1
+  return 0 if _node_report(target, args.rounds) and ok else 1

@@ -1,0 +1,32 @@
+"""`modeld-msm verify DIR`: integrity, versions and device of an artifact, without unpickling it."""
+from __future__ import annotations
+
+from artifact.format import DEVICES, verify_artifact
+from selfdrive_glue.errors import UserError
+from selfdrive_glue.nv12 import parse_camera
+
+
+def add_arguments(p) -> None:
+  p.add_argument("artifact", help="artifact directory written by `modeld-msm compile`")
+  p.add_argument("--device", help="require this device (CPU or QCOM)")
+  p.add_argument("--camera", help="require this camera size, e.g. 1928x1208")
+  p.add_argument("--pubkey", help="require a valid signature by this public key (default: $MODELD_PUBKEY, if set)")
+
+
+def run(args) -> int:
+  if args.device is not None and args.device not in DEVICES:
+    raise UserError(f"unknown device '{args.device}': use one of {', '.join(DEVICES)}")
+  art = verify_artifact(args.artifact, device=args.device, camera=parse_camera(args.camera) if args.camera else None,
+                        pubkey=args.pubkey)
+  m = art.meta
+  print(f"{art.path}: OK")
+  print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}")
+  print(f"  renderer {m['renderer']}  arch {m['arch']}  host {m['host']}")
+  if prec := m.get("precision"):
+    print(f"  compute  {prec['compute']} ({prec['why']})")
+  print("  versions " + "  ".join(f"{k} {v}" for k, v in m["versions"].items()))
+  for kind, mm in m["models"].items():
+    print(f"  {kind:7s} {mm['file']}  sha256 {mm['sha256'][:16]}…  out {mm['output_shapes']}")
+  print(f"  files    {len(art.digests)} checked against the manifest; " +
+        (f"signed by key {art.signed_by}" if art.signed_by else "signature not checked (no public key configured)"))
+  return 0

@@ -1,0 +1,86 @@
+"""`modeld-msm` entry point: one subcommand per module in cli/commands/.
+
+Each command module exposes add_arguments(parser) and run(args) -> int; its one-line help is HELP below.
+Imports are lazy so `modeld-msm verify` on the car never imports onnx or matplotlib.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from selfdrive_glue.errors import UserError, describe_os_error
+
+COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "demo", "synth", "replay",
+            "regress", "train", "doctor"]
+
+HELP = {
+  "models": "write reference driving_vision.onnx / driving_policy.onnx (tiny or full)",
+  "compile": "compile vision+policy ONNX into a verified artifact for one camera size and device",
+  "verify": "check an artifact (manifest, versions, device) without running it",
+  "keygen": "make an ed25519 key pair for signing release bundles",
+  "sign": "sign an artifact or a release bundle (ed25519) so a configured public key accepts it",
+  "release": "release build: compile + verify + bundle one artifact per camera size, with a recorded smoke test",
+  "install": "install a release bundle into an openpilot checkout: openpilot's manager then runs this modeld",
+  "uninstall": "undo `install`: the process table byte for byte as before, the bundle removed",
+  "smoke": "replay the bundle's recorded input on this device's GPU and compare with the outputs expected at build time",
+  "serve": "run as openpilot's modeld process",
+  "demo": "end-to-end demo on the embedded default: camera server, modeld, listener",
+  "synth": "write a synthetic drive segment (rlog + HEVC) from procedurally rendered roads",
+  "replay": "run logged segments through the model pipeline into an output log",
+  "regress": "compare two replay output logs field by field",
+  "train": "train the tiny stand-in vision + policy on rendered drives (the recipe behind the demo's default models)",
+  "doctor": "report tinygrad/tinymesa versions, kernel interfaces and render node facts",
+}
+
+
+def _load(name: str):
+  return importlib.import_module(f"cli.commands.{name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  parser = argparse.ArgumentParser(prog="modeld-msm", description="openpilot modeld on vamOS (MSM DRM) and off the car (CPU)")
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+  # only the chosen command's module is imported; others are listed from HELP
+  chosen = next((a for a in argv if not a.startswith("-")), None)
+  for name in COMMANDS:
+    p = sub.add_parser(name, help=HELP[name], description=HELP[name])
+    if name == chosen:
+      try:
+        mod = _load(name)
+      except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("cli.commands"):
+          print(f"modeld-msm: error: command '{name}' is not available in this build", file=sys.stderr)
+          return 2
+        raise
+      mod.add_arguments(p)
+      p.set_defaults(_run=mod.run)
+  args = parser.parse_args(argv)
+  if not getattr(args, "_run", None):
+    parser.print_help()
+    return 2
+  try:
+    return int(args._run(args) or 0)
+  except UserError as e:
+    print(f"modeld-msm {args.command}: error: {e}", file=sys.stderr)
+    return e.exit_code
+  except OSError as e:
+    # the one place a read-only or full output, or a file where a folder should be, becomes a line instead of a traceback
+    if (line := describe_os_error(e)) is None:
+      raise
+    print(f"modeld-msm {args.command}: error: {line}", file=sys.stderr)
+    return 2
+  except RuntimeError as e:
+    # tinygrad's word when every backend failed to open: on a full disk or under a file-size limit its caches cannot be written
+    if str(e) != "no usable devices":
+      raise
+    print(f"modeld-msm {args.command}: error: tinygrad could open no device (each backend failed to start; a full disk or a "
+          "file-size limit stops its caches too); free space, or check the device with `modeld-msm doctor`", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())
