@@ -20,8 +20,9 @@ import os
 import sys
 import types
 
-from tinygrad.device import BufferSpec, Compiled
+from tinygrad.device import BufferSpec, Compiled, Compiler
 from tinygrad.helpers import IMAGE, prod, round_up, suppress_finalizing, to_mv
+from tinygrad.renderer import Renderer
 from tinygrad.renderer.nir import IR3Renderer
 from tinygrad.runtime import ops_qcom as up
 from tinygrad.runtime.support.hcq import HCQBuffer, HCQCompiled, MMIOInterface
@@ -292,6 +293,44 @@ _ARGS_INIT = _rebind(up.QCOMArgsState.__init__, to_mv=_to_cpu_mv, ctypes=_ctypes
 _PROGRAM_INIT = _rebind(up.QCOMProgram.__init__, to_mv=_to_cpu_mv, QCOMArgsState=MSMArgsState)
 
 
+NO_IR3_COMPILER = ("Mesa's IR3 compiler (the tinymesa wheel, x86_64 only) is not installed: this Python can load and run programs "
+                   "compiled off the car, not compile new ones; compile the artifact on an x86_64 machine (`modeld-msm compile --device QCOM`)")
+
+
+class _NoIR3Compiler(Compiler):
+  def compile(self, src: str) -> bytes:
+    raise RuntimeError(NO_IR3_COMPILER)
+
+
+class _IR3Loader(IR3Renderer):
+  """IR3 where Mesa's compiler is absent (the car: tinymesa has no aarch64 wheel). tinygrad's renderer builds the compiler
+  when it is made, through the Mesa library, and QCOMProgram makes it only to ask whether programs are IR3; it unpacks their
+  headers with tinygrad's own ctypes structs. So this stand-in answers that question and refuses to render or compile.
+  Used only where the Mesa library did not load (tinygrad loads it when ops_qcom is imported, and says nothing if absent)."""
+
+  def __init__(self, target):
+    Renderer.__init__(self, target)
+    self.compiler = _NoIR3Compiler()
+
+  def __del__(self):
+    pass   # no Mesa type singletons were taken
+
+  def render(self, uops):
+    raise RuntimeError(NO_IR3_COMPILER)
+
+
+_IR3Loader.__name__ = "IR3Renderer"   # tinygrad picks renderers by class name (DEV=...:IR3)
+
+
+def ir3_compiler_present() -> bool:
+  """Mesa's IR3 compiler library loaded (tinygrad tries when ops_qcom is imported): new kernels can be compiled here."""
+  return up.mesa.dll.nm in up.mesa.dll._loaded_
+
+
+def ir3_renderer() -> type[IR3Renderer]:
+  return IR3Renderer if ir3_compiler_present() else _IR3Loader
+
+
 class QCOMDevice(up.QCOMDevice):
   """`Device["QCOM"]`: picks a kernel interface the tinygrad way (DEV=KGSL+QCOM, DEV=MSM+QCOM, DEV=EMU+QCOM:IR3; else the first that opens).
   KGSL returns tinygrad's own QCOMDevice, untouched."""
@@ -319,7 +358,7 @@ class QCOMDevice(up.QCOMDevice):
     self.cmd_gem, self.cmd_ring = self.cmd_buf.meta, CmdRing(self.iface, 16 << 20)
     self.border_color_buf = self._gpu_alloc(0x1000, fill_zeroes=True)
     queue_t = functools.partial(MSMComputeQueue, self)
-    HCQCompiled.__init__(self, device, MSMAllocator(self, batch_cnt=0), [IR3Renderer], MSMProgram, MSMSignal, queue_t,
+    HCQCompiled.__init__(self, device, MSMAllocator(self, batch_cnt=0), [ir3_renderer()], MSMProgram, MSMSignal, queue_t,
                          arch=("a%d%d%d" + (",IMAGE_PITCH_ALIGNMENT=64" if IMAGE else "")) % self.gpu_id)
 
   def _gpu_alloc(self, size: int, flags: int = 0, uncached=False, fill_zeroes=False, tail: int = 0) -> HCQBuffer:

@@ -34,6 +34,18 @@ HELP = {
 }
 
 
+# the modules each optional part of the install brings (pyproject.toml's extras); the base install is the car's
+EXTRA_OF = {"onnx": "build", "onnxruntime": "build", "tinymesa": "build", "av": "replay", "matplotlib": "replay", "ray": "replay"}
+
+
+def _missing_extra(e: ModuleNotFoundError) -> str | None:
+  """One line for a tool whose optional dependency this install lacks (the car's base install), else None."""
+  top = (e.name or "").split(".")[0]
+  if (extra := EXTRA_OF.get(top)) is None:
+    return None
+  return f"this needs {top}, which comes with the [{extra}] extra: pip install 'modeld-msm[{extra}]' (the car's base install leaves it out)"
+
+
 def _load(name: str):
   return importlib.import_module(f"cli.commands.{name}")
 
@@ -53,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         if e.name and e.name.startswith("cli.commands"):
           print(f"modeld-msm: error: command '{name}' is not available in this build", file=sys.stderr)
           return 2
+        if (line := _missing_extra(e)) is not None:
+          print(f"modeld-msm {name}: error: {line}", file=sys.stderr)
+          return 2
         raise
       mod.add_arguments(p)
       p.set_defaults(_run=mod.run)
@@ -65,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
   except UserError as e:
     print(f"modeld-msm {args.command}: error: {e}", file=sys.stderr)
     return e.exit_code
+  except ModuleNotFoundError as e:
+    if (line := _missing_extra(e)) is None:
+      raise
+    print(f"modeld-msm {args.command}: error: {line}", file=sys.stderr)
+    return 2
   except OSError as e:
     # the one place a read-only or full output, or a file where a folder should be, becomes a line instead of a traceback
     if (line := describe_os_error(e)) is None:

@@ -321,13 +321,14 @@ def write_models(out_dir: str | Path, size: str = "tiny", seed: int = 0, stand_i
   out_dir = Path(out_dir)
   if out_dir.exists() and not out_dir.is_dir():
     raise UserError(f"output path {out_dir} exists and is not a directory; pass a directory with -o")
+  # both models first: a failure to build them (onnx missing on a base install) leaves no folder behind
+  models = {kind: stand_in_model(kind) if stand_in else build_model(kind, size, seed) for kind in ("vision", "policy")}
   try:
     out_dir.mkdir(parents=True, exist_ok=True)
   except OSError as e:
     raise UserError(f"cannot create output directory {out_dir}: {e.strerror}; choose a writable path") from None
   written = {}
-  for kind in ("vision", "policy"):
-    model = stand_in_model(kind) if stand_in else build_model(kind, size, seed)
+  for kind, model in models.items():
     data = model.SerializeToString()
     path = out_dir / f"driving_{kind}.onnx"
     write_atomic(path, data)

@@ -220,3 +220,58 @@ def test_qcom_artifact_without_a_qcom_interface_is_refused(qcom_artifact, prefix
   assert r.returncode == 2, r.stdout + r.stderr
   assert "Traceback" not in r.stderr and len(err) == 1, r.stderr
   assert "is for QCOM (QCOM:IR3), which cannot be opened here" in err[0] and "compile" in err[0], err[0]
+
+
+# what a Python without the tinymesa wheel sees (the car: it is published for x86_64 only): `import tinymesa` fails and
+# tinygrad's library loader finds no Mesa, exactly as when the package directory is absent
+_WITHOUT_TINYMESA = '''
+import sys
+from importlib.abc import MetaPathFinder
+class _Hidden(MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] == "tinymesa":
+      raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _Hidden())
+import tinygrad.runtime.support.c as c
+_find = c.DLL.findlib
+c.DLL.findlib = staticmethod(lambda nm, paths, extra_paths=[]: None if nm == "mesa" else _find(nm, paths, extra_paths))
+'''
+
+
+@emu_only
+def test_the_car_loads_and_runs_a_qcom_artifact_without_the_compiler(qcom_artifact):
+  """The IR3 programs are machine code: loading them needs no Mesa (backend/qcom.py's stand-in renderer answers the one
+  question tinygrad's loader asks it). Three steps published on the emulated node at level A; a new kernel is refused
+  with the line that says why."""
+  code = _WITHOUT_TINYMESA + f'''
+import json, numpy as np
+try:
+  import tinymesa
+  hidden = False
+except ModuleNotFoundError:
+  hidden = True
+from artifact.format import verify_artifact
+from modeld_msm.core import ModeldCore
+from modeld_msm.frames import Frame
+from selfdrive_glue.nv12 import nv12_info
+core = ModeldCore(verify_artifact({str(qcom_artifact)!r}))
+buf = np.zeros(nv12_info(1928, 1208).size, np.uint8)
+steps = [[svc for svc, _ in core.on_frame(Frame(buf, n, n * 50_000_000, n * 50_000_000 + 1))] for n in range(1, 4)]
+from tinygrad import Device, Tensor
+try:
+  (Tensor([1.0, 2.0], device=Device.DEFAULT) * 3).realize()
+  refused = ""
+except Exception as e:
+  refused = str(e)
+print(json.dumps({{"hidden": hidden, "mesa": "mesa" in c.DLL._loaded_, "tinymesa": any(m.startswith("tinymesa") for m in sys.modules),
+                  "steps": steps, "refused": refused, "device": Device.DEFAULT}}))
+'''
+  env = {**os.environ, "MODELD_DEV": MODELD_DEV}
+  env.pop("DEV", None)
+  r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.splitlines()[-1])
+  assert out["hidden"] and not out["mesa"] and not out["tinymesa"], out
+  assert out["steps"] == [["modelV2", "drivingModelData", "cameraOdometry"]] * 3 and out["device"].startswith("QCOM"), out
+  assert "IR3 compiler" in out["refused"] and "compile the artifact on an x86_64 machine" in out["refused"], out

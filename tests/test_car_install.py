@@ -1,0 +1,66 @@
+"""The car's base install: what `pip install modeld-msm` brings without extras is enough to verify, serve and report, and a
+tool that needs an extra says which one. Checked with the extras' modules hidden from a child Python (the car has no
+tinymesa at all: its wheel is x86_64 only; onnx, onnxruntime, av, matplotlib and ray are left out of the base install)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.xdist_group("cpu_artifact_1928")
+EXTRAS_ONLY = ("tinymesa", "onnx", "onnxruntime", "av", "matplotlib", "ray", "torch")
+
+_HIDE = '''
+import os, sys
+from importlib.abc import MetaPathFinder
+HIDDEN = set(os.environ["HIDE_MODULES"].split(","))
+class _Hidden(MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in HIDDEN:
+      raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _Hidden())
+if "tinymesa" in HIDDEN:   # tinygrad finds the Mesa library by path, not by import: as if the wheel were absent
+  import tinygrad.runtime.support.c as c
+  _find = c.DLL.findlib
+  c.DLL.findlib = staticmethod(lambda nm, paths, extra_paths=[]: None if nm == "mesa" else _find(nm, paths, extra_paths))
+'''
+
+
+@pytest.fixture
+def car_python(tmp_path):
+  """Run `python -m cli.main ...` (or any module) as on a Python with only the base install."""
+  (tmp_path / "site").mkdir()
+  (tmp_path / "site" / "sitecustomize.py").write_text(_HIDE)
+  env = {**os.environ, "HIDE_MODULES": ",".join(EXTRAS_ONLY), "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}"}
+
+  def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  return run
+
+
+def test_the_hiding_works(car_python):
+  r = car_python("-c", "import onnx")
+  assert r.returncode == 1 and "No module named 'onnx'" in r.stderr
+  r = car_python("-c", "import tinygrad.runtime.autogen.mesa as m, tinygrad.runtime.support.c as c; print('mesa' in c.DLL._loaded_)")
+  assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+def test_the_car_commands_need_no_extra(car_python, cpu_artifact_1928):
+  for args in (["-m", "cli.main", "verify", str(cpu_artifact_1928)], ["-m", "cli.main", "doctor", "--emu", "--rounds", "2"],
+               ["-m", "cli.main", "serve", "--help"], ["-m", "modeld_msm.modeld", "--help"], ["-m", "cli.main", "install", "--help"],
+               ["-m", "cli.main", "smoke", "--help"]):
+    r = car_python(*args)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stdout[-2000:], r.stderr[-2000:])
+    if "doctor" in args:   # the car's doctor: no compiler is not a failure, and the node round trip runs
+      assert "tinymesa" in r.stdout and "[build] extra" in r.stdout and "submit/fence" in r.stdout, r.stdout
+
+
+def test_a_tool_names_the_extra_it_needs(car_python, tmp_path):
+  r = car_python("-m", "cli.main", "models", "--size", "tiny", "-o", str(tmp_path / "m"))
+  assert r.returncode == 2 and "[build] extra" in r.stderr and "pip install 'modeld-msm[build]'" in r.stderr, r.stderr
+  assert "Traceback" not in r.stderr and not (tmp_path / "m").exists()
+  r = car_python("-m", "cli.main", "synth", "-o", str(tmp_path / "seg"), "--seconds", "1")
+  assert r.returncode == 2 and "[replay] extra" in r.stderr and "Traceback" not in r.stderr, r.stderr
