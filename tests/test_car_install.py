@@ -22,6 +22,13 @@ class _Hidden(MetaPathFinder):
     if name.split(".")[0] in HIDDEN:
       raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, _Hidden())
+import importlib.metadata as md
+_version = md.version
+def _version_unless_hidden(name):
+  if name in HIDDEN:
+    raise md.PackageNotFoundError(name)
+  return _version(name)
+md.version = _version_unless_hidden
 if "tinymesa" in HIDDEN:   # tinygrad finds the Mesa library by path, not by import: as if the wheel were absent
   import tinygrad.runtime.support.c as c
   _find = c.DLL.findlib

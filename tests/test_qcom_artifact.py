@@ -222,8 +222,8 @@ def test_qcom_artifact_without_a_qcom_interface_is_refused(qcom_artifact, prefix
   assert "is for QCOM (QCOM:IR3), which cannot be opened here" in err[0] and "compile" in err[0], err[0]
 
 
-# what a Python without the tinymesa wheel sees (the car: it is published for x86_64 only): `import tinymesa` fails and
-# tinygrad's library loader finds no Mesa, exactly as when the package directory is absent
+# what a Python without the tinymesa wheel sees (the car: it is published for x86_64 only): `import tinymesa` fails, its
+# version is unknown, and tinygrad's library loader finds no Mesa, exactly as when the package is absent
 _WITHOUT_TINYMESA = '''
 import sys
 from importlib.abc import MetaPathFinder
@@ -232,6 +232,13 @@ class _Hidden(MetaPathFinder):
     if name.split(".")[0] == "tinymesa":
       raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, _Hidden())
+import importlib.metadata as md
+_version = md.version
+def _no_tinymesa(name):
+  if name == "tinymesa":
+    raise md.PackageNotFoundError(name)
+  return _version(name)
+md.version = _no_tinymesa
 import tinygrad.runtime.support.c as c
 _find = c.DLL.findlib
 c.DLL.findlib = staticmethod(lambda nm, paths, extra_paths=[]: None if nm == "mesa" else _find(nm, paths, extra_paths))
