@@ -10,6 +10,7 @@ import errno
 import hashlib
 import json
 import os
+import platform
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -188,6 +189,11 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
     # be the one the artifact was built with
     if want != have and not (pkg == "tinymesa" and have is None):
       raise ArtifactError(f"artifact {path} was built with {pkg} {want}, this install has {have}; {REBUILD_HINT}")
+  built_on, here = meta.get("host"), platform.machine()
+  if str(meta.get("device", "")).startswith("CPU") and built_on and built_on != here:
+    # a CPU artifact is the build machine's own code: run elsewhere it is an illegal instruction, not an error message
+    raise ArtifactError(f"artifact {path} holds {built_on} machine code (a CPU artifact compiled on {built_on}); this machine is {here}: "
+                        "compile one here with `modeld-msm compile --device CPU`, or on the car use the QCOM bundle")
   if device is not None and meta.get("device") != device:
     raise ArtifactError(f"artifact {path} is for device {meta.get('device')} ({meta.get('target')}), not {device}; "
                         f"compile one with `modeld-msm compile --device {device}`")
