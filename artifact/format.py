@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from artifact import signing
+from artifact.cpu_info import cpu_info
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file
 from selfdrive_glue.nv12 import nv12_info
@@ -194,6 +195,14 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
     # a CPU artifact is the build machine's own code: run elsewhere it is an illegal instruction, not an error message
     raise ArtifactError(f"artifact {path} holds {built_on} machine code (a CPU artifact compiled on {built_on}); this machine is {here}: "
                         "compile one here with `modeld-msm compile --device CPU`, or on the car use the QCOM bundle")
+  # -march=native code may use every extension of the build CPU; an explicit target (x86_64,haswell) only its own
+  native = str(meta.get("arch", "")).split(",")[-1] == "native"
+  if str(meta.get("device", "")).startswith("CPU") and native and isinstance(built_cpu := meta.get("build_cpu"), dict):
+    this = cpu_info()
+    if missing := sorted(set(built_cpu.get("flags", ())) - this.flags):
+      raise ArtifactError(f"artifact {path} was compiled for {built_cpu.get('model')} and its code may use {', '.join(missing)}, which "
+                          f"this CPU ({this.model}) lacks: it would stop at an illegal instruction; compile one here with "
+                          "`modeld-msm compile --device CPU`")
   if device is not None and meta.get("device") != device:
     raise ArtifactError(f"artifact {path} is for device {meta.get('device')} ({meta.get('target')}), not {device}; "
                         f"compile one with `modeld-msm compile --device {device}`")

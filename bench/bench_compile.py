@@ -268,7 +268,7 @@ def _label(r: dict) -> str:
 
 
 def table(rows: list[dict], peak: float | None = None) -> str:
-  from compile.precision import cpu_info
+  from artifact.cpu_info import cpu_info
   head = (f"{'size':5s} {'config':44s} {'compile':>8s} | {'vision tg p50/p99':>18s} {'ORT p50/p99':>14s} {'ratio':>5s} | "
           f"{'policy tg p50/p99':>18s} {'ORT p50/p99':>14s} {'ratio':>5s} | {'fused step p50/p99':>19s} {'vs ORT v+p':>10s} | {'warp':>6s} | load")
   lines = [f"CPU: {cpu_info().summary()}" + (f"; measured fp32 peak {peak:.0f} GFLOP/s (numpy sgemm 1024)" if peak else ""),

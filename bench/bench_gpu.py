@@ -93,8 +93,8 @@ def main() -> int:
   if a.worker:
     print(json.dumps(torch_worker(Path(a.models), a.precision, a.iters)))
     return 0
+  from artifact.cpu_info import cpu_info
   from bench.bench_compile import _parse_config
-  from compile.precision import cpu_info
   from compile.refmodels import write_models
   models = Path(tempfile.mkdtemp(prefix=f"bench_gpu_models_{a.size}_"))
   write_models(models, a.size, 0)

@@ -120,7 +120,7 @@ def main() -> int:
   ap.add_argument("--frames", type=int, default=2000)
   ap.add_argument("--camera", default="1928x1208")
   a = ap.parse_args()
-  from compile.precision import cpu_info
+  from artifact.cpu_info import cpu_info
   load0 = os.getloadavg()[0]
   rows = [bench(s, a.frames, a.camera) for s in (a.size or ["tiny", "full"])]
   # the box may be shared with other jobs: the load average says how much of the 20 Hz budget others took

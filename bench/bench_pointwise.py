@@ -95,9 +95,9 @@ def main() -> int:
   ap.add_argument("--seed", type=int, default=0, help="seed of the reference models")
   args = ap.parse_args()
   from artifact import cpu_threads
+  from artifact.cpu_info import cpu_info
   from bench.bench_compile import peak_gflops
   from compile import refmodels
-  from compile.precision import cpu_info
   cpu_threads.install("CPU")
   with tempfile.TemporaryDirectory(prefix="bench-pointwise-") as td:
     refmodels.write_models(td, "full", args.seed)

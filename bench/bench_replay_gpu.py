@@ -111,8 +111,8 @@ def main() -> int:
     ap.error("--jobs and --ray take comma-separated whole numbers, e.g. 1,4")
   if any(x < 1 for x in jobs_list + ray_list):
     ap.error("--jobs and --ray values must be >= 1")
+  from artifact.cpu_info import cpu_info
   from compile.build import compile_artifact
-  from compile.precision import cpu_info
   from compile.refmodels import write_models
   from offcar.replay import replay_many
   from selfdrive_glue.route import open_segment

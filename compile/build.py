@@ -29,6 +29,7 @@ import numpy as np
 
 from artifact import cpu_threads
 from artifact import format as art_mod
+from artifact.cpu_info import cpu_info
 from artifact.jit_pickle import pickle_programs, unpickle_programs
 from artifact.load import frame_tensor
 from compile import cpu_layout, cpu_search, preflight
@@ -304,7 +305,9 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     "flags": dict(flags),
     # estimated a630 time per kernel from its executed work: bound graphs are cut into submits by it (backend/chunking.py)
     "kernel_us": kernel_us,
-    "precision": {"compute": compute, "why": why, "cpu": precision_mod.cpu_info().summary() if device.startswith("CPU") else None},
+    "precision": {"compute": compute, "why": why, "cpu": cpu_info().summary() if device.startswith("CPU") else None},
+    # the CPU whose extensions the code may use (-march=native): verify refuses it on a CPU that lacks one of them
+    "build_cpu": cpu_info().as_dict() if device.startswith("CPU") else None,
     # compute-preserving rewrites the runners were built with (compile/cpu_layout.py); checked against onnxruntime like the rest
     "cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites,
                    "dense_conv_materialised": use_layout, "elu_own_kernel": use_layout,

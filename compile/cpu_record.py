@@ -20,6 +20,7 @@ from typing import Any
 from tinygrad.helpers import VERSION
 
 from artifact import cpu_threads
+from artifact.cpu_info import cpu_info
 from artifact.format import verify_artifact
 from compile import cpu_layout, cpu_search, cpu_tune
 from compile import precision as precision_mod
@@ -64,7 +65,7 @@ def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout
     key = cpu_search.match_key(device="CPU", precision=compute, layout=use_layout, camera=camera,
                     model_sha256={k: sha256_file(m.path) for k, m in models.items()})
     entries = export(db, beam)
-  cpu = precision_mod.cpu_info()
+  cpu = cpu_info()
   recorded = {"match": key, "beam": beam, "recorded_on": f"{cpu.model} ({cpu.cores} cores)", "size": size, "seed": seed, "entries": entries}
   cpu_search.store(recorded, table_path)
   return recorded
@@ -84,7 +85,7 @@ def tune(size: str, camera: tuple[int, int], precision: str, layout: str, top: i
                     model_sha256={k: sha256_file(m.path) for k, m in models.items()})
     recorded = next((s for s in cpu_search.load_table(table_path)["sets"] if s["match"] == key), None)
     if recorded is None and new:
-      cpu = precision_mod.cpu_info()
+      cpu = cpu_info()
       recorded = {"match": key, "beam": 1, "recorded_on": f"{cpu.model} ({cpu.cores} cores)", "size": size, "seed": seed,
                   "entries": [], "start": "heuristic"}
     if recorded is None:

@@ -26,8 +26,8 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.helpers import CACHELEVEL, IGNORE_BEAM_CACHE, diskcache_put
 
 from artifact import cpu_threads
+from artifact.cpu_info import cpu_info
 from artifact.format import installed_versions
-from compile.precision import cpu_info
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 

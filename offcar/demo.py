@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from artifact.cpu_info import cpu_info
 from artifact.format import ArtifactError, installed_versions, verify_artifact
 from compile.build import compile_artifact
-from compile.precision import choose, cpu_info
+from compile.precision import choose
 from compile.refmodels import write_models
 from modeld_msm.constants import X_IDXS
 from offcar.accuracy import CURVATURE_CORR_LIMIT, LANE_ERROR_DISTANCE, LANE_ERROR_LIMIT_M

@@ -155,6 +155,20 @@ def test_a_cpu_artifact_of_another_machine_type_is_refused_not_run(cpu_artifact_
   assert r.returncode == 2 and "compile one here" in r.stderr and r.stderr.count("\n") == 1
 
 
+def test_a_cpu_artifact_using_an_extension_this_cpu_lacks_is_refused(cpu_artifact_1928, tmp_path, cli):
+  """-march=native code from a CPU with more extensions (AVX-512 on the build box, AVX2 here) would stop at an illegal
+  instruction: verify names what is missing instead. The artifact as built here verifies (its flags are this CPU's)."""
+  from artifact.cpu_info import cpu_info
+  meta = verify_artifact(cpu_artifact_1928).meta
+  assert set(meta["build_cpu"]["flags"]) <= cpu_info().flags and meta["build_cpu"]["model"] == cpu_info().model
+  d = clone_artifact(cpu_artifact_1928, tmp_path / "a")
+  _edit_meta(d, lambda m: m["build_cpu"].update(flags=[*m["build_cpu"]["flags"], "avx1024_imaginary"]))
+  with pytest.raises(ArtifactError, match="may use avx1024_imaginary, which this CPU .* lacks"):
+    verify_artifact(d)
+  r = cli("verify", d)
+  assert r.returncode == 2 and "illegal instruction" in r.stderr and r.stderr.count("\n") == 1
+
+
 def test_version_mismatch_names_both_versions(cpu_artifact_1928, tmp_path, cli):
   from importlib.metadata import version
   d = clone_artifact(cpu_artifact_1928, tmp_path / "a")

@@ -175,7 +175,7 @@ def test_search_sets_are_keyed_by_isa_level_and_borrowed_with_a_reason():
 
 
 def test_isa_level_from_cpuinfo():
-  from compile.precision import cpu_info
+  from artifact.cpu_info import cpu_info
   flags = "fpu sse2 avx f16c fma avx2"
   assert cpu_info(f"model name\t: AVX2 EPYC\nflags\t: {flags}\n").isa == "avx2"
   assert cpu_info(f"model name\t: Zen4\nflags\t: {flags} avx512f avx512dq avx512bw avx512vl\n").isa == "avx512"

@@ -8,7 +8,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compile.precision import choose, cpu_info, widen_to_fp32
+from artifact.cpu_info import cpu_info
+from compile.precision import choose, widen_to_fp32
 from selfdrive_glue.errors import UserError
 
 EPYC = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx f16c fma avx2 avx512f avx512_bf16\n"
