@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if name == chosen:
       try:
         mod = _load(name)
+      except KeyboardInterrupt:
+        # SIGINT while the command's modules load: for serve, openpilot's manager stopping it during start-up, a clean stop
+        return 0 if name == "serve" else 130
       except ModuleNotFoundError as e:
         if e.name and e.name.startswith("cli.commands"):
           print(f"modeld-msm: error: command '{name}' is not available in this build", file=sys.stderr)
