@@ -8,17 +8,25 @@ via the shim in release/), or as `modeld-msm serve`.
 """
 from __future__ import annotations
 
-import argparse
-import logging
+import signal
+import sys
 
-from artifact.format import VerifiedArtifact
-from modeld_msm import runner
-from modeld_msm.core import PUBLISHED, SUBSCRIBED, ModeldCore
-from selfdrive_glue import messaging
-from selfdrive_glue.capnp_check import check_pointers
-from selfdrive_glue.errors import UserError
-from selfdrive_glue.params import Params
-from selfdrive_glue.visionipc import VisionStreamType
+if __name__ == "__main__":
+  # openpilot's manager stops modeld with SIGINT, also while it starts: during the imports below that is a clean stop
+  # (runner.serve takes SIGINT over once it runs)
+  signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+
+from artifact.format import VerifiedArtifact  # noqa: E402
+from modeld_msm import runner  # noqa: E402
+from modeld_msm.core import PUBLISHED, SUBSCRIBED, ModeldCore  # noqa: E402
+from selfdrive_glue import messaging  # noqa: E402
+from selfdrive_glue.capnp_check import check_pointers  # noqa: E402
+from selfdrive_glue.errors import UserError  # noqa: E402
+from selfdrive_glue.params import Params  # noqa: E402
+from selfdrive_glue.visionipc import VisionStreamType  # noqa: E402
 
 log = logging.getLogger("modeld")
 RT_CORE, RT_PRIORITY = 7, 54   # openpilot's process_config for modeld
