@@ -29,6 +29,10 @@ MANIFEST, METADATA = "manifest.json", "metadata.json"
 # what an artifact's metadata may name as its device (compile/build.py TARGETS, less the renderer after the colon)
 DEVICES = ("CPU", "QCOM", "CUDA", "NV", "AMD")
 POLICY_PKL, WARP_PKL = "driving_policy.pkl", "driving_warp.pkl"
+DM_PKL = "dmonitoring_model.pkl"
+# what each kind of artifact holds (metadata "kind"; artifacts written before there was more than one are driving ones)
+PROGRAMS = {"driving": (POLICY_PKL, WARP_PKL), "dmonitoring": (DM_PKL,)}
+KIND_NAMES = {"driving": "driving model (modeld)", "dmonitoring": "driver-monitoring model (dmonitoringmodeld)"}
 REBUILD_HINT = "rebuild it with `modeld-msm compile` on this version (or `./dev demo`, which rebuilds its cache)"
 
 
@@ -146,13 +150,17 @@ class VerifiedArtifact:
   def target(self) -> str:
     return str(self.meta["target"])
 
+  @property
+  def kind(self) -> str:
+    return str(self.meta.get("kind", "driving"))
+
   def output_slices(self, kind: str) -> dict[str, slice]:
     return {k: slice(a, b) for k, (a, b) in self.meta["models"][kind]["output_slices"].items()}
 
 
 def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[int, int] | None = None,
-                    pubkey: str | os.PathLike | None = None) -> VerifiedArtifact:
-  """Check integrity, signature (pubkey, else $MODELD_PUBKEY, if set), versions, device and camera.
+                    pubkey: str | os.PathLike | None = None, kind: str | None = None) -> VerifiedArtifact:
+  """Check integrity, signature (pubkey, else $MODELD_PUBKEY, if set), versions, device, camera and kind.
   Reads JSON and hashes only; never unpickles."""
   path = Path(path)
   if not path.is_dir():
@@ -210,7 +218,12 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
   art = VerifiedArtifact(path, meta, dict(listed), signed_by)
   if camera is not None:
     require_camera(art, camera)
-  for prog in (POLICY_PKL, WARP_PKL):
+  if art.kind not in PROGRAMS:
+    raise ArtifactError(f"artifact {path} is of kind {art.kind!r}, which this modeld-msm does not know ({', '.join(PROGRAMS)}); {REBUILD_HINT}")
+  if kind is not None and art.kind != kind:
+    raise ArtifactError(f"artifact {path} holds the {KIND_NAMES[art.kind]}, not the {KIND_NAMES[kind]}; pass the artifact compiled "
+                        f"for it (`modeld-msm compile {'--dmonitoring' if kind == 'dmonitoring' else '--vision/--policy'}`), or a bundle")
+  for prog in PROGRAMS[art.kind]:
     if prog not in listed:
       raise ArtifactError(f"artifact {path} lacks {prog}; {REBUILD_HINT}")
   return art
@@ -222,15 +235,22 @@ def require_camera(art: VerifiedArtifact, camera: tuple[int, int]) -> None:
                         f"compile one with `--camera {camera[0]}x{camera[1]}`")
 
 
-def resolve_artifact(path: str | Path, camera: tuple[int, int]) -> Path:
-  """An artifact dir, or a release bundle holding one artifact per camera size (`<bundle>/<w>x<h>/`)."""
+# where a release bundle keeps each kind's artifacts: <bundle>/<w>x<h>/ (driving), <bundle>/dmonitoring/<w>x<h>/
+KIND_DIRS = {"driving": "", "dmonitoring": "dmonitoring"}
+
+
+def resolve_artifact(path: str | Path, camera: tuple[int, int], kind: str = "driving") -> Path:
+  """An artifact dir, or a release bundle holding one artifact per camera size and kind (KIND_DIRS)."""
   path = Path(path)
   if (path / MANIFEST).exists():
     return path
-  sub = path / f"{camera[0]}x{camera[1]}"
+  sub = path / KIND_DIRS[kind] / f"{camera[0]}x{camera[1]}"
   if (sub / MANIFEST).exists():
     return sub
-  have = [p.name for p in _bundle_artifacts(path)]
+  have = [p.name for p in _bundle_artifacts(path / KIND_DIRS[kind])]
+  if kind != "driving":
+    raise ArtifactError(f"no {KIND_NAMES[kind]} artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'} "
+                        f"under {KIND_DIRS[kind]}/); build the bundle with `modeld-msm release --dmonitoring ...`")
   raise ArtifactError(f"no artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'}); "
                       f"compile one with `modeld-msm compile --camera {camera[0]}x{camera[1]}`")
 
@@ -243,7 +263,7 @@ def _bundle_artifacts(path: Path) -> list[Path]:
 def sign_tree(path: str | Path, key: Path) -> list[tuple[Path, str]]:
   """Sign an artifact, or each artifact of a bundle, after verifying it (a tampered artifact is never signed)."""
   path = Path(path)
-  arts = [path] if (path / MANIFEST).exists() else _bundle_artifacts(path)
+  arts = [path] if (path / MANIFEST).exists() else _bundle_artifacts(path) + _bundle_artifacts(path / KIND_DIRS["dmonitoring"])
   if not arts:
     raise ArtifactError(f"{path} is neither an artifact nor a bundle of artifacts; pass what `modeld-msm compile` or the release build wrote")
   for a in arts:

@@ -13,7 +13,7 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 
 from artifact import cpu_replay, cpu_threads
-from artifact.format import METADATA, POLICY_PKL, REBUILD_HINT, WARP_PKL, ArtifactError, VerifiedArtifact
+from artifact.format import METADATA, PROGRAMS, REBUILD_HINT, ArtifactError, VerifiedArtifact
 from artifact.jit_pickle import PickleRefused, unpickle_programs
 from selfdrive_glue.nv12 import CAMERA_SIZES, nv12_info
 
@@ -44,30 +44,36 @@ def _why(e: BaseException) -> str:
   return f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
 
 
-def load_programs(art: VerifiedArtifact) -> tuple[Any, Any]:
-  """Unpickle the (policy, warp) TinyJits of an already verified artifact, admitting only the classes a JIT needs; on a
-  CPU each is replayed by artifact/cpu_replay.py."""
+# the arguments of each kind's programs that are camera frames (flat uint8 NV12): driving (frame, big_frame, ...),
+# dmonitoring (frame, m_inv, calib)
+FRAME_SLOTS = {"driving": (0, 1), "dmonitoring": (0,)}
+
+
+def load_programs(art: VerifiedArtifact) -> tuple[Any, ...]:
+  """Unpickle the TinyJits of an already verified artifact (driving: policy, warp; dmonitoring: the model), admitting only
+  the classes a JIT needs; on a CPU each is replayed by artifact/cpu_replay.py."""
   activate_target(art)
+  names = PROGRAMS[art.kind]
   try:
-    jits = unpickle_programs(_read_checked(art, POLICY_PKL), _read_checked(art, WARP_PKL), names=(POLICY_PKL, WARP_PKL))
+    jits = unpickle_programs(*(_read_checked(art, n) for n in names), names=names)
   except PickleRefused as e:
     raise ArtifactError(f"artifact {art.path} refused: {e}; {REBUILD_HINT}") from None
   _check_frame_inputs(art, jits)
   from tinygrad import Device
 
-  return cpu_replay.wrap(jits[0], Device.DEFAULT), cpu_replay.wrap(jits[1], Device.DEFAULT)
+  return tuple(cpu_replay.wrap(j, Device.DEFAULT) for j in jits)
 
 
-def frame_input_bytes(jit: Any) -> dict[int, int]:
-  """{argument position: bytes} of the camera frames (arguments 0 and 1, flat uint8) a captured JIT was built for, read off
-  its own input parameters: the size is baked into its kernels, whatever metadata.json says."""
+def frame_input_bytes(jit: Any, slots: tuple[int, ...] = (0, 1)) -> dict[int, int]:
+  """{argument position: bytes} of the camera frames (the arguments at `slots`, flat uint8) a captured JIT was built for,
+  read off its own input parameters: the size is baked into its kernels, whatever metadata.json says."""
   from tinygrad.engine.realize import get_call_arg_uops
   from tinygrad.uop.ops import Ops
   sizes: dict[int, int] = {}
   for call in jit.captured._linear.src:   # a graph call lists every input it reads as its own argument, so one level suffices
     if call.op is not Ops.CALL:
       continue
-    for u in (p for a in get_call_arg_uops(call) for p in a.toposort() if p.op is Ops.PARAM and p.arg.slot in (0, 1)):
+    for u in (p for a in get_call_arg_uops(call) for p in a.toposort() if p.op is Ops.PARAM and p.arg.slot in slots):
       sizes[u.arg.slot] = max(sizes.get(u.arg.slot, 0), int(math.prod(u.shape)) * u.dtype.itemsize)
   return sizes
 
@@ -75,8 +81,8 @@ def frame_input_bytes(jit: Any) -> dict[int, int]:
 def _check_frame_inputs(art: VerifiedArtifact, jits: tuple[Any, ...]) -> None:
   # an unsigned artifact's metadata can be rewritten together with its manifest: the programs' own frame size is the check
   want = nv12_info(*art.camera).size
-  for name, jit in zip((POLICY_PKL, WARP_PKL), jits):
-    got = set(frame_input_bytes(jit).values())
+  for name, jit in zip(PROGRAMS[art.kind], jits):
+    got = set(frame_input_bytes(jit, FRAME_SLOTS[art.kind]).values())
     if got and got != {want}:
       built = [c for c, wh in CAMERA_SIZES.items() if nv12_info(*wh).size in got]
       raise ArtifactError(f"artifact {art.path}: {METADATA} says camera {art.camera[0]}x{art.camera[1]} ({want}-byte frames), but {name} "

@@ -110,17 +110,46 @@ class Result:
     return self.latencies_ms[min(len(self.latencies_ms) - 1, int(0.99 * len(self.latencies_ms)))] if self.latencies_ms else 0.0
 
 
-def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, compositor_us: float = COMPOSITOR_US, seed: int = 0,
-             phase_us: float = 0.0) -> Result:
-  """Runs the model at 20 Hz beside the compositor at 60 Hz. Camera and display clocks are independent: phase_us sets where camera
-  frames land relative to vsync; frames jitter by +-1 ms and compositor jobs by +-20 % (seeded)."""
-  rng = random.Random(seed)
+@dataclass(frozen=True)
+class Client:
+  """A model process sharing the GPU: its per-frame dispatches, its submit policy (each process has its own submitqueue),
+  where its camera frames land (offset_us after the first client's) and, with yield_to, another client's name whose frame
+  in progress holds back this one's next chunk (a chunk already submitted still runs)."""
+  name: str
+  program_us: tuple[float, ...]
+  policy: Policy
+  offset_us: float = 0.0
+  yield_to: str | None = None
+
+
+@dataclass(frozen=True)
+class SharedResult:
+  seconds: float
+  vsync_misses: int
+  compositor_wait_max_ms: float
+  models: dict[str, Result]   # per client: its frames, p50/max and latencies (the shared misses and UI wait repeated)
+
+  @property
+  def misses_per_s(self) -> float:
+    return self.vsync_misses / self.seconds
+
+
+def _chunks(program_us, policy: Policy) -> list[float]:
   if policy.chunk_us > 0:
-    chunks = chunk_by_time(program_us, policy.chunk_us)
+    chunks = chunk_by_time(list(program_us), policy.chunk_us)
   else:
     step = policy.chunk_kernels if policy.chunk_kernels > 0 else len(program_us)
-    chunks = [program_us[i:i + step] for i in range(0, len(program_us), step)]
-  chunk_us = [SUBMIT_OVERHEAD_US + sum(c) for c in chunks]
+    chunks = [list(program_us[i:i + step]) for i in range(0, len(program_us), step)]
+  return [SUBMIT_OVERHEAD_US + sum(c) for c in chunks]
+
+
+def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us: float = COMPOSITOR_US, seed: int = 0,
+                    phase_us: float = 0.0) -> SharedResult:
+  """Every client's model at 20 Hz beside the compositor at 60 Hz, on one in-order ring fed by drm_sched. Camera and display
+  clocks are independent: phase_us sets where camera frames land relative to vsync; frames jitter by +-1 ms (seeded)."""
+  rng = random.Random(seed)
+  names = [c.name for c in clients]
+  chunk_us = [_chunks(c.program_us, c.policy) for c in clients]
   end_t = seconds * 1e6
   events: list[tuple[float, int, str, object]] = []
   seq = 0
@@ -133,8 +162,9 @@ def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, com
   waiting: list[tuple[int, int, tuple]] = []   # drm_sched: (prio, arrival order, job)
   ring: list[tuple] = []
   gpu_busy = False
-  model: dict[str, Any] = {"next_chunk": 0, "inflight": 0, "start": None, "queued": 0}
-  latencies, comp_waits = [], []
+  state: list[dict[str, Any]] = [{"next_chunk": 0, "inflight": 0, "start": None, "queued": 0} for _ in clients]
+  latencies: list[list[float]] = [[] for _ in clients]
+  comp_waits: list[float] = []
   misses = 0
 
   def push_ready(t):
@@ -154,25 +184,30 @@ def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, com
     seq += 1
     push_ready(t)
 
-  def model_pump(t):
-    while model["start"] is not None and model["next_chunk"] < len(chunks) and model["inflight"] < policy.inflight:
-      i = model["next_chunk"]
-      model["next_chunk"] += 1
-      model["inflight"] += 1
-      submit(t, ("model", chunk_us[i], t, i == len(chunks) - 1), policy.prio)
+  def pump(t, ci):
+    m, c = state[ci], clients[ci]
+    if c.yield_to is not None and state[names.index(c.yield_to)]["start"] is not None:
+      return   # the other model is mid-frame: hold our next chunk back
+    while m["start"] is not None and m["next_chunk"] < len(chunk_us[ci]) and m["inflight"] < c.policy.inflight:
+      i = m["next_chunk"]
+      m["next_chunk"] += 1
+      m["inflight"] += 1
+      submit(t, ("model", chunk_us[ci][i], t, i == len(chunk_us[ci]) - 1, ci), c.policy.prio)
 
-  def model_frame(t):
-    if model["start"] is not None:   # still running the last frame: this camera frame waits
-      model["queued"] += 1
+  def frame(t, ci):
+    m = state[ci]
+    if m["start"] is not None:   # still running the last frame: this camera frame waits
+      m["queued"] += 1
       return
-    model.update(start=t, next_chunk=0)
-    model_pump(t)
+    m.update(start=t, next_chunk=0)
+    pump(t, ci)
 
-  k = 0
-  while k * MODEL_PERIOD_US < end_t:
-    # a camera frame arrives; 3 ms of CPU preprocessing before the first submit
-    at(k * MODEL_PERIOD_US + phase_us + 3000.0 + rng.uniform(-1000, 1000), "frame")
-    k += 1
+  for ci, c in enumerate(clients):
+    k = 0
+    while k * MODEL_PERIOD_US < end_t:
+      # a camera frame arrives; 3 ms of CPU preprocessing before the first submit
+      at(k * MODEL_PERIOD_US + phase_us + c.offset_us + 3000.0 + rng.uniform(-1000, 1000), "frame", ci)
+      k += 1
   k = 0
   while k * VSYNC_US < end_t:
     at(k * VSYNC_US + 1000.0, "comp", k * VSYNC_US + VSYNC_US)   # the UI submits ~1 ms after vsync; due at the next one
@@ -180,7 +215,7 @@ def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, com
   while events:
     t, _, kind, data = heapq.heappop(events)
     if kind == "frame":
-      model_frame(t)
+      frame(t, data)
     elif kind == "comp":
       submit(t, ("comp", compositor_us, t, data), COMPOSITOR_PRIO)
     elif kind == "gpu_done":
@@ -189,20 +224,48 @@ def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, com
       if job[0] == "comp" and t > job[3]:
         misses += 1
       if job[0] == "model":
-        at(t + CPU_WAKE_US, "model_retired", job[3])
+        at(t + CPU_WAKE_US, "model_retired", (job[4], job[3]))
       push_ready(t)
     elif kind == "model_retired":
-      model["inflight"] -= 1
-      if data:
-        latencies.append(t - model["start"])
-        model["start"] = None
-        if model["queued"]:
-          model["queued"] -= 1
-          model_frame(t)
-      model_pump(t)
-  latencies.sort()
-  return Result(policy, seconds, misses, len(latencies), latencies[len(latencies) // 2] / 1e3 if latencies else 0.0,
-                latencies[-1] / 1e3 if latencies else 0.0, max(comp_waits) / 1e3 if comp_waits else 0.0, tuple(x / 1e3 for x in latencies))
+      ci, last = data
+      m = state[ci]
+      m["inflight"] -= 1
+      if last:
+        latencies[ci].append(t - m["start"])
+        m["start"] = None
+        if m["queued"]:
+          m["queued"] -= 1
+          frame(t, ci)
+      pump(t, ci)
+      for cj, c in enumerate(clients):   # a model held back by this one may go on
+        if last and c.yield_to == clients[ci].name:
+          pump(t, cj)
+  wait_ms = max(comp_waits) / 1e3 if comp_waits else 0.0
+  models = {}
+  for c, lat in zip(clients, latencies):
+    lat.sort()
+    models[c.name] = Result(c.policy, seconds, misses, len(lat), lat[len(lat) // 2] / 1e3 if lat else 0.0, lat[-1] / 1e3 if lat else 0.0,
+                            wait_ms, tuple(x / 1e3 for x in lat))
+  return SharedResult(seconds, misses, wait_ms, models)
+
+
+def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, compositor_us: float = COMPOSITOR_US, seed: int = 0,
+             phase_us: float = 0.0) -> Result:
+  """One model at 20 Hz beside the compositor at 60 Hz (simulate_shared with one client)."""
+  return simulate_shared([Client("model", tuple(program_us), policy)], seconds, compositor_us, seed, phase_us).models["model"]
+
+
+def sweep_shared(clients: list[Client], seconds: float = 20.0, phases: int = 10) -> SharedResult:
+  """simulate_shared() over camera/vsync phases spread across one vsync period (the clocks drift against each other)."""
+  rs = [simulate_shared(clients, seconds, seed=i, phase_us=VSYNC_US * i / phases) for i in range(phases)]
+  models = {}
+  for c in clients:
+    per = [r.models[c.name] for r in rs]
+    lat = sorted(r.model_p50_ms for r in per)
+    models[c.name] = Result(c.policy, seconds * phases, sum(r.vsync_misses for r in rs), sum(r.model_frames for r in per), lat[len(lat) // 2],
+                            max(r.model_max_ms for r in per), max(r.compositor_wait_max_ms for r in rs),
+                            tuple(sorted(x for r in per for x in r.latencies_ms)))
+  return SharedResult(seconds * phases, sum(r.vsync_misses for r in rs), max(r.compositor_wait_max_ms for r in rs), models)
 
 
 def sweep(program_us: list[float], policy: Policy, seconds: float = 20.0, phases: int = 10) -> Result:

@@ -11,12 +11,12 @@ import sys
 
 from selfdrive_glue.errors import UserError, describe_os_error
 
-COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "demo", "synth", "replay",
-            "regress", "train", "doctor"]
+COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "serve-dm", "demo", "synth",
+            "replay", "regress", "train", "doctor"]
 
 HELP = {
-  "models": "write reference driving_vision.onnx / driving_policy.onnx (tiny or full)",
-  "compile": "compile vision+policy ONNX into a verified artifact for one camera size and device",
+  "models": "write reference models: driving_vision.onnx + driving_policy.onnx, or dmonitoring_model.onnx (tiny or full)",
+  "compile": "compile vision+policy ONNX (or the driver-monitoring ONNX) into a verified artifact for one camera size and device",
   "verify": "check an artifact (manifest, versions, device) without running it",
   "keygen": "make an ed25519 key pair for signing release bundles",
   "sign": "sign an artifact or a release bundle (ed25519) so a configured public key accepts it",
@@ -25,6 +25,7 @@ HELP = {
   "uninstall": "undo `install`: the process table byte for byte as before, the bundle removed",
   "smoke": "replay the bundle's recorded input on this device's GPU and compare with the outputs expected at build time",
   "serve": "run as openpilot's modeld process",
+  "serve-dm": "run as openpilot's dmonitoringmodeld process (driver camera in, driverStateV2 out)",
   "demo": "end-to-end demo on the embedded default: camera server, modeld, listener",
   "synth": "write a synthetic drive segment (rlog + HEVC) from procedurally rendered roads",
   "replay": "run logged segments through the model pipeline into an output log",
@@ -47,7 +48,7 @@ def _missing_extra(e: ModuleNotFoundError) -> str | None:
 
 
 def _load(name: str):
-  return importlib.import_module(f"cli.commands.{name}")
+  return importlib.import_module(f"cli.commands.{name.replace('-', '_')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         mod = _load(name)
       except KeyboardInterrupt:
         # SIGINT while the command's modules load: for serve, openpilot's manager stopping it during start-up, a clean stop
-        return 0 if name == "serve" else 130
+        return 0 if name in ("serve", "serve-dm") else 130
       except ModuleNotFoundError as e:
         if e.name and e.name.startswith("cli.commands"):
           print(f"modeld-msm: error: command '{name}' is not available in this build", file=sys.stderr)

@@ -78,6 +78,71 @@ class CompileReport:
     return "\n".join(lines)
 
 
+@dataclass
+class Capture:
+  """The device a compile captures on, opened for `device` (compile TARGETS): its tinygrad name, targets and flags."""
+  device: str
+  dev_name: str
+  capture_target: str
+  load_target: str
+  flags: dict[str, int]
+  threads: Any
+
+  def start_execution(self) -> None:
+    """QCOM: the emulated node executes the a630 code from here on (level B) and a page fault fails the build."""
+    if self.device != "QCOM":
+      return
+    from tinygrad import Device
+    if (node := _emu_node(self.dev_name)) is None:
+      raise UserError(f"internal error: QCOM capture opened {type(getattr(Device[self.dev_name], 'iface', None)).__name__}, not the "
+                      "emulated render node; please report it")
+    node.set_execute(True)
+    node.fault_policy = "strict"   # a page fault while capturing must fail the build, not leave quietly wrong outputs behind
+
+  def meta(self, camera: tuple[int, int], nv: NV12Info, infos: tuple[OnnxModelInfo, ...], compute: str, why: str,
+           kernel_us: dict[str, float], kind: str) -> dict[str, Any]:
+    """The metadata every artifact kind records (no build time: the same inputs give the same bytes)."""
+    from tinygrad import Device
+    d = Device[self.dev_name]
+    on_cpu = self.device.startswith("CPU")
+    return {
+      "format": art_mod.FORMAT, "kind": kind,
+      "camera": {"width": camera[0], "height": camera[1], "stride": nv.stride, "y_height": nv.y_height, "uv_height": nv.uv_height,
+                 "uv_offset": nv.uv_offset, "size": nv.size},
+      "device": self.dev_name.split(":")[0], "capture_target": self.capture_target, "load_target": self.load_target,
+      "target": self.load_target, "renderer": type(d.renderer).__name__, "arch": str(d.arch or ""), "host": platform.machine(),
+      "versions": art_mod.installed_versions(),
+      "models": {i.kind: {"file": i.path.name, "sha256": i.sha256, "input_shapes": {k: list(v) for k, v in i.input_shapes.items()},
+                          "input_dtypes": i.input_dtypes,
+                          "output_shapes": {k: list(v) for k, v in i.output_shapes.items()},
+                          "output_slices": {k: [s.start, s.stop] for k, s in i.output_slices.items()}, "metadata": i.metadata}
+                 for i in infos},
+      "flags": dict(self.flags),
+      # estimated a630 time per kernel from its executed work: bound graphs are cut into submits by it (backend/chunking.py)
+      "kernel_us": kernel_us,
+      "precision": {"compute": compute, "why": why, "cpu": cpu_info().summary() if on_cpu else None},
+      # the CPU whose extensions the code may use (-march=native): verify refuses it on a CPU that lacks one of them
+      "build_cpu": cpu_info().as_dict() if on_cpu else None,
+    }
+
+
+def open_capture(device: str, log=print) -> Capture:
+  """Point tinygrad at the capture target of `device` (QCOM: our kernel interfaces installed, the emulated node first)."""
+  capture_target, load_target = TARGETS[device]
+  if device == "QCOM":
+    import backend
+    backend.install()
+  from tinygrad import Device
+  from tinygrad.helpers import DEV
+  DEV.value = capture_target
+  dev_name = Device.DEFAULT
+  threads = cpu_threads.install(dev_name) if device == "CPU" else None
+  flags = TARGET_FLAGS.get(device, {})
+  if flags:
+    log(f"[compile] capture flags: {' '.join(f'{k}={v}' for k, v in flags.items())}")
+  return Capture(device, dev_name, capture_target, load_target, dict(flags), threads)
+
+
 def ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport, sess=None) -> None:
   from tinygrad import Tensor
   sess = sess or preflight.ort_session(info)
@@ -106,7 +171,8 @@ def ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: Com
       where = _locate(lambda feed=inputs: next(iter(runner(feed).values())).float().numpy())
       raise UserError(f"{info.kind} model: tinygrad and onnxruntime disagree at output {i}: {got.flat[i]:.5g} vs {ref.flat[i]:.5g} "
                       f"(tolerance {ORT_ATOL} + {ORT_RTOL}*|ref|)" + (f"; {where}" if where else ""))
-  metres = f"; on the road: {describe(apart)}" if apart else ""
+  where = "in the driver's face" if "face_orientation_deg" in apart else "on the road"
+  metres = f"; {where}: {describe(apart)}" if apart else ""
   report.checks.append((f"{info.kind} vs onnxruntime", "ok", f"max |diff| {worst:.3g} (tol {ORT_ATOL}+{ORT_RTOL}*|ref|){metres}"))
 
 
@@ -217,19 +283,10 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
   # one line with the precision: how the program is lowered, not a separate check (the release counts checks)
   report.checks.append(("precision", "ok", f"{compute}: {why}; cpu layout {'on' if use_layout else 'off'} ({layout_why}); "
                         f"kernel search: {search_why}"))
-  _check_out_dir(out_dir, (Path(vision), Path(policy)))
-  capture_target, load_target = TARGETS[device]
-  if device == "QCOM":
-    import backend
-    backend.install()
-  from tinygrad import Device
-  from tinygrad.helpers import DEV, Context
-  DEV.value = capture_target
-  dev_name = Device.DEFAULT
-  threads = cpu_threads.install(dev_name) if device == "CPU" else None
-  flags = TARGET_FLAGS.get(device, {})
-  if flags:
-    log(f"[compile] capture flags: {' '.join(f'{k}={v}' for k, v in flags.items())}")
+  check_out_dir(out_dir, (Path(vision), Path(policy)))
+  cap = open_capture(device, log)
+  dev_name, capture_target, flags, threads = cap.dev_name, cap.capture_target, cap.flags, cap.threads
+  from tinygrad.helpers import Context
   # the device opens inside the flags too: QCOM's renderer arch depends on IMAGE. A shipped search is replayed by capturing
   # under BEAM with its results already in tinygrad's search cache (compile/cpu_search.py): every kernel is a cache hit
   beam = {"BEAM": searched["beam"]} if searched else {}
@@ -242,12 +299,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
       preflight.tinygrad_parse(info)
     prog = build_program(vinfo, pinfo, nv, dev_name, compute, layout=use_layout)
     report.timings["load"] = time.perf_counter() - t0
-    if device == "QCOM":
-      if (node := _emu_node(dev_name)) is None:
-        raise UserError(f"internal error: QCOM capture opened {type(getattr(Device[dev_name], 'iface', None)).__name__}, not the "
-                        "emulated render node; please report it")
-      node.set_execute(True)
-      node.fault_policy = "strict"   # a page fault while capturing must fail the build, not leave quietly wrong outputs behind
+    cap.start_execution()
     rng = np.random.default_rng(42)
     t = time.perf_counter()
     log("[compile] 1/3 tinygrad vs onnxruntime on the raw models")
@@ -286,28 +338,8 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
     kernel_us = _check_replay(policy_pkl, warp_pkl, steps, host_np, host_t, dev_name, report, ref)
   report.timings["pickle check"] = time.perf_counter() - t
 
-  versions = art_mod.installed_versions()
-  from tinygrad import Device as D
-  renderer = type(D[dev_name].renderer).__name__
-  meta: dict[str, Any] = {
-    # no build time: the same inputs give the same bytes (a bundle's bundle.json says when it was built)
-    "format": art_mod.FORMAT,
-    "camera": {"width": camera[0], "height": camera[1], "stride": nv.stride, "y_height": nv.y_height, "uv_height": nv.uv_height,
-               "uv_offset": nv.uv_offset, "size": nv.size},
-    "device": dev_name.split(":")[0], "capture_target": capture_target, "load_target": load_target, "target": load_target,
-    "renderer": renderer, "arch": str(D[dev_name].arch or ""), "host": platform.machine(),
-    "versions": versions,
-    "models": {i.kind: {"file": i.path.name, "sha256": i.sha256, "input_shapes": {k: list(v) for k, v in i.input_shapes.items()},
-                        "input_dtypes": i.input_dtypes,
-                        "output_shapes": {k: list(v) for k, v in i.output_shapes.items()},
-                        "output_slices": {k: [s.start, s.stop] for k, s in i.output_slices.items()}, "metadata": i.metadata}
-               for i in (vinfo, pinfo)},
-    "flags": dict(flags),
-    # estimated a630 time per kernel from its executed work: bound graphs are cut into submits by it (backend/chunking.py)
-    "kernel_us": kernel_us,
-    "precision": {"compute": compute, "why": why, "cpu": cpu_info().summary() if device.startswith("CPU") else None},
-    # the CPU whose extensions the code may use (-march=native): verify refuses it on a CPU that lacks one of them
-    "build_cpu": cpu_info().as_dict() if device.startswith("CPU") else None,
+  meta = cap.meta(camera, nv, (vinfo, pinfo), compute, why, kernel_us, "driving")
+  meta.update({
     # compute-preserving rewrites the runners were built with (compile/cpu_layout.py); checked against onnxruntime like the rest
     "cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites,
                    "dense_conv_materialised": use_layout, "elu_own_kernel": use_layout,
@@ -320,7 +352,7 @@ def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, 
                # kernels the tuner re-searched and changed (compile/cpu_tune.py)
                "tuned": cpu_search.tuned_count(searched) if searched else 0},
     "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, "step_plan": STEP_PLAN},
-  }
+  })
   art_mod.write_artifact(out_dir, {art_mod.POLICY_PKL: policy_pkl, art_mod.WARP_PKL: warp_pkl}, meta)
   report.timings["total"] = time.perf_counter() - t0
   log(f"[compile] wrote {out_dir} ({(len(policy_pkl) + len(warp_pkl)) / 1e6:.1f} MB)")
@@ -349,17 +381,27 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
   """QCOM: the pickles, loaded back and executed on the emulated a630, replay through the MSM submit path with every
   submit passing the node's (strict) BO validation, no GPU fault, and the unjitted program's outputs.
   -> each kernel's estimated a630 time (us) from the work it executed."""
+  def replay():
+    policy, warp = unpickle_programs(policy_pkl, warp_pkl, names=(art_mod.POLICY_PKL, art_mod.WARP_PKL))
+    return _run_sequence(policy, warp, steps, host_np, host_t, {})
+  got, kernel_us = replay_on_emu(dev_name, replay, len(STEP_PLAN), report)
+  _same_outputs(ref, got, "the reloaded QCOM programs, executed on the emulated a630,")
+  return kernel_us
 
+
+def replay_on_emu(dev_name: str, replay, steps: int, report: CompileReport) -> tuple[Any, dict[str, float]]:
+  """Run `replay` (load the pickles back, run them) on the emulated render node, counting every dispatch: it must submit
+  work, pass the node's BO validation and fault nowhere. -> (what replay returned, each kernel's a630 time estimate in us
+  from the work it executed); the report gets the replay and time-estimate rows."""
   from tinygrad import Device
 
   from backend.msm import MSMFault, MSMTimeout
   from backend.timeline import executed_us
-  dev, node = Device[dev_name], _emu_node(dev_name)   # compile_artifact checked that it is the emulated node
+  dev, node = Device[dev_name], _emu_node(dev_name)   # the compile checked that it is the emulated node
   subs0, disp0, faults0 = node.stats.submits, node.stats.dispatches, len(node.stats.faults)
   kept, node.counts = node.counts, collections.deque()   # every dispatch of the replay, not only the node's recent history
   try:
-    policy, warp = unpickle_programs(policy_pkl, warp_pkl, names=(art_mod.POLICY_PKL, art_mod.WARP_PKL))
-    got = _run_sequence(policy, warp, steps, host_np, host_t, {})
+    got = replay()
     dev.synchronize()
   except (MSMFault, MSMTimeout, OSError) as e:
     raise UserError(f"internal error: the reloaded QCOM program does not replay on the emulated render node: {e}; please report it") from None
@@ -371,16 +413,15 @@ def _check_replay(policy_pkl: bytes, warp_pkl: bytes, steps: _Steps, host_np, ho
     raise UserError(f"internal error: the reloaded QCOM program faulted on the emulated render node: {faults[0]}; please report it")
   if not subs or not disp:
     raise UserError("internal error: the reloaded QCOM program submitted no GPU work; please report it")
-  _same_outputs(ref, got, "the reloaded QCOM programs, executed on the emulated a630,")
-  report.checks.append(("pickle replay (EMU)", "ok", f"reloaded JITs replayed {len(STEP_PLAN)} steps: {subs} submits, {disp} dispatches, "
+  report.checks.append(("pickle replay (EMU)", "ok", f"reloaded JITs replayed {steps} steps: {subs} submits, {disp} dispatches, "
                         f"{'strict' if node.strict else 'NON-strict'} BO validation, 0 faults (outputs bit-exact with the unjitted "
                         "program, executed (level B))"))
   report.checks.append(("a630 time estimate", "ok", f"{len(kernel_us)} kernels, {sum(kernel_us.values()) / 1e3:.2f} ms per pass over each "
                         "(from executed work; chunks submits by time)"))
-  return kernel_us
+  return got, kernel_us
 
 
-def _check_out_dir(out_dir: Path, inputs: tuple[Path, ...] = ()) -> None:
+def check_out_dir(out_dir: Path, inputs: tuple[Path, ...] = ()) -> None:
   parent = out_dir.resolve().parent
   probe = parent
   while not probe.exists():

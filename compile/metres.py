@@ -31,9 +31,15 @@ def metres_apart(got: np.ndarray, ref: np.ndarray, slices: dict[str, slice]) -> 
   if sl is not None and sl.stop - sl.start == 2 * len(X_IDXS) * 15:
     pos = lambda a: a[..., sl][..., :len(X_IDXS) * 15].reshape(*a.shape[:-1], len(X_IDXS), 15)[..., :3]  # noqa: E731
     out["plan_position_m"] = float(np.max(np.abs(pos(got) - pos(ref))))
+  # the driver-monitoring model: face orientation (pitch, yaw, roll in radians, the first 3 face descriptors) in degrees
+  for side in ("lhd", "rhd"):
+    if (sl := slices.get(f"face_descs_{side}")) is not None and sl.stop - sl.start >= 3:
+      deg = float(np.degrees(np.max(np.abs(got[..., sl][..., :3] - ref[..., sl][..., :3]))))
+      out["face_orientation_deg"] = max(out.get("face_orientation_deg", 0.0), deg)
   return out
 
 
 def describe(apart: dict[str, float]) -> str:
   names = {"lane_lines_m": "lane lines at 20 m", "road_edges_m": "road edges at 20 m", "plan_position_m": "plan positions"}
-  return ", ".join(f"{names[k]} {v * 100:.2g} cm" for k, v in apart.items())
+  return ", ".join(f"face orientation {v:.2g} deg" if k == "face_orientation_deg" else f"{names[k]} {v * 100:.2g} cm"
+                   for k, v in apart.items())

@@ -10,6 +10,7 @@ import io
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file
@@ -21,7 +22,17 @@ POLICY_INPUTS = {
   "desire_pulse": ((1, 25, 8), {"float16", "float32"}),
   "traffic_convention": ((1, 2), {"float16", "float32"}),
 }
-REQUIRED_SLICES = {"vision": ("hidden_state",), "policy": ("plan", "desire_state")}
+# the driver-monitoring model: the warped driver-camera Y plane (1440x960) and rpyCalib (docs: openpilot's DM contract)
+DM_INPUTS = {"input_img": ((1, 1440 * 960), {"uint8"}), "calib": ((1, 3), {"float32", "float16"})}
+INPUTS: dict[str, dict[str, Any]] = {"vision": VISION_INPUTS, "policy": POLICY_INPUTS, "dmonitoring": DM_INPUTS}
+# the heads dmonitoringmodeld parses, per driver side; sleep_prob (0.11.1) is read when present
+DM_HEADS = ("face_descs", "face_prob", "left_eye_prob", "right_eye_prob", "left_blink_prob", "right_blink_prob", "sunglasses_prob",
+            "using_phone_prob")
+REQUIRED_SLICES = {"vision": ("hidden_state",), "policy": ("plan", "desire_state"),
+                   "dmonitoring": (*(f"{h}_{s}" for s in ("lhd", "rhd") for h in DM_HEADS), "wheel_on_right")}
+# widths the parsers rely on: 6 means + 6 log-stds per face; every other DM head is one value
+SLICE_WIDTHS = {"dmonitoring": {f"face_descs_{s}": 12 for s in ("lhd", "rhd")}}
+DM_SCALARS = {"wheel_on_right", *(f"{h}_{s}" for s in ("lhd", "rhd") for h in (*DM_HEADS[1:], "sleep_prob"))}
 FEATURE_LEN = POLICY_INPUTS["features_buffer"][0][-1]   # the vision's hidden_state slice fills one features_buffer row
 
 
@@ -103,7 +114,7 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   graph = model.graph
   inits = {i.name for i in graph.initializer}
   inputs = {i.name: i for i in graph.input if i.name not in inits}
-  expected = VISION_INPUTS if kind == "vision" else POLICY_INPUTS
+  expected = INPUTS[kind]
   for name, (shape, dtypes_ok) in expected.items():
     if name not in inputs:
       raise UserError(f"{kind} model {path.name} has no input '{name}' (inputs: {', '.join(inputs) or 'none'}); is this the right model file?")
@@ -132,10 +143,17 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   width = next(iter(out_shapes.values()))[-1]
   for req in REQUIRED_SLICES[kind]:
     if req not in slices:
-      raise UserError(f"{kind} model output_slices lack '{req}'")
+      raise UserError(f"{kind} model {path.name}: its output_slices lack '{req}' (it has {', '.join(slices) or 'none'}); "
+                      "is this the right model file?")
   for name, s in slices.items():
     if s.stop is None or s.stop > width:
       raise UserError(f"{kind} output slice '{name}' {s} exceeds the output width {width}")
+  for name, want in SLICE_WIDTHS.get(kind, {}).items():
+    if (s := slices[name]).stop - (s.start or 0) != want:
+      raise UserError(f"{kind} model {path.name}: its {name} slice {s} is {s.stop - (s.start or 0)} wide, openpilot's parser reads {want}")
+  for name in (n for n in slices if kind == "dmonitoring" and n in DM_SCALARS):
+    if (s := slices[name]).stop - (s.start or 0) != 1:
+      raise UserError(f"{kind} model {path.name}: its {name} slice {s} is not one value wide, as openpilot's parser reads it")
   if kind == "vision" and (hs := slices["hidden_state"]).stop - (hs.start or 0) != FEATURE_LEN:
     raise UserError(f"vision model {path.name}: its hidden_state slice {hs} is not {FEATURE_LEN} wide, the policy's features_buffer rows")
   return OnnxModelInfo(path, kind, sha256_file(path), {k: _dims(v) for k, v in inputs.items()},

@@ -5,6 +5,8 @@ Python float expressions so that the numbers on the wire match bit for bit.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 # the output grids live with the renderer's truth, the lowest layer that uses them
@@ -90,3 +92,6 @@ class Meta:
 
 
 META_WIDTH = 55
+
+# openpilot's switch for publishing the raw output vector (rawPredictions) beside the parsed one, in both model processes
+SEND_RAW_PRED = os.environ.get("SEND_RAW_PRED") == "1"

@@ -1,7 +1,6 @@
 """Runs a verified artifact: host inputs, the desire pulse, frame tensors over camera buffers, output slicing + parsing."""
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -10,12 +9,11 @@ import numpy as np
 
 from artifact.format import VerifiedArtifact, verify_artifact
 from artifact.load import load_programs
-from modeld_msm.constants import DESIRE_LEN
+from modeld_msm.constants import DESIRE_LEN, SEND_RAW_PRED
+from modeld_msm.frame_tensors import FrameTensors
 from modeld_msm.host_inputs import HostInputs
 from modeld_msm.parse_outputs import parse_policy_outputs, parse_vision_outputs, slice_outputs
 from selfdrive_glue.nv12 import nv12_info
-
-SEND_RAW_PRED = os.environ.get("SEND_RAW_PRED") == "1"
 
 
 class ModelState:
@@ -24,14 +22,13 @@ class ModelState:
     self.policy_jit, self.warp_jit = load_programs(self.artifact)
     from tinygrad import Device
     self.device = Device.DEFAULT
-    self.zero_copy = self.device.split(":")[0] == "CPU"
     self.nv12 = nv12_info(*self.artifact.camera)
     self.vision_slices = self.artifact.output_slices("vision")
     self.policy_slices = self.artifact.output_slices("policy")
     self.host = HostInputs.zeros()
     self.host_t = self.host.tensors()
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
-    self._frames: dict[tuple[str, int], Any] = {}  # tinygrad Tensors
+    self.frames = FrameTensors(self.device, self.nv12)
     self.last_times = (0.0, 0.0)  # (device program incl. readback, host parse) of the last run, seconds
     self.state_buffers: list[Any] | None = None  # the JITs' device buffers that carry state between calls (found on first reset)
     self._zero = np.zeros(self.nv12.size, np.uint8)  # the warm-up frame tensors point into it
@@ -58,22 +55,7 @@ class ModelState:
     self._warm_up()
 
   def _frame(self, key: str, buf: np.ndarray, upload: bool = False):
-    """The device tensor for a camera buffer. On CPU it aliases the buffer (zero-copy); on a GPU without host-pointer
-    mapping (QCOM over msm has no userptr) it is a device copy, refreshed when `upload` is set (every step)."""
-    if buf.dtype != np.uint8 or buf.size < self.nv12.size:
-      raise ValueError(f"camera buffer of {buf.size} bytes ({buf.dtype}) is smaller than the {self.nv12.size}-byte NV12 frame")
-    # VisionIPC reuses a ring of buffers, so a tensor per (camera, buffer address) is made once and reused
-    k = (key, buf.ctypes.data)
-    src = buf[:self.nv12.size]
-    if (t := self._frames.get(k)) is None:
-      from artifact.load import frame_tensor
-      t = self._frames[k] = frame_tensor(src, self.device).realize()
-    elif upload and not self.zero_copy:
-      from tinygrad.device import Buffer
-      dst = t.uop.buffer
-      assert isinstance(dst, Buffer)
-      dst.copy_from(Buffer("PYTHON", dst.size, dst.dtype, opaque=memoryview(src.data).cast("B")))
-    return t
+    return self.frames.get(key, buf, upload)
 
   def _call(self, jit, frame, big_frame):
     h = self.host_t

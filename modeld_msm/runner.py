@@ -25,7 +25,7 @@ from selfdrive_glue import messaging
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info
-from selfdrive_glue.visionipc import VisionIpcClient
+from selfdrive_glue.visionipc import VisionIpcClient, VisionStreamType
 
 ARTIFACT_ENV = "MODELD_ARTIFACT"
 # where `python -m release.build` installs the per-camera artifacts; what openpilot's process table runs without arguments
@@ -69,6 +69,7 @@ class ModelProcess:
   rt_priority: int
   choose_streams: Callable[[set[int]], StreamChoice | None]   # the streams camerad offers -> what to read (None: wait)
   make_core: Callable[[VerifiedArtifact], Core]
+  kind: str = "driving"                                       # the artifact kind it runs (artifact/format.py PROGRAMS)
 
 
 @dataclass
@@ -168,10 +169,10 @@ class ArtifactSource:
   """The verified artifact for a camera size, each checked once: a single artifact at start-up (so a wrong one is refused
   before any camera is waited for), a bundle's artifact when camerad first reports its size."""
 
-  def __init__(self, path: str | Path):
+  def __init__(self, path: str | Path, kind: str = "driving"):
     check_artifact_path(path)
-    self.path = Path(path)
-    self.single = verify_artifact(path) if (self.path / MANIFEST).exists() else None
+    self.path, self.kind = Path(path), kind
+    self.single = verify_artifact(path, kind=kind) if (self.path / MANIFEST).exists() else None
     self.current = self.single   # the artifact the running core was made from
 
   def for_camera(self, camera: tuple[int, int]) -> VerifiedArtifact:
@@ -179,7 +180,7 @@ class ArtifactSource:
       require_camera(self.single, camera)
       self.current = self.single
     else:
-      self.current = verify_artifact(resolve_artifact(self.path, camera), camera=camera)
+      self.current = verify_artifact(resolve_artifact(self.path, camera, self.kind), camera=camera, kind=self.kind)
     return self.current
 
 
@@ -199,6 +200,13 @@ class Streams:
   extra: VisionIpcClient | None
   main_wide: bool
   camera: tuple[int, int]
+  label: str = ""      # which streams, for the log
+
+  @staticmethod
+  def describe(pick: StreamChoice) -> str:
+    def name(s: int | None) -> str:
+      return "none" if s is None else VisionStreamType(s).name.lower() if s in {int(t) for t in VisionStreamType} else f"stream {s}"
+    return f"main={name(pick.main)} extra={name(pick.extra)}"
 
   def connected(self) -> bool:
     return self.main.is_connected() and (self.extra is None or self.extra.is_connected())
@@ -230,17 +238,17 @@ def open_streams(server: str, choose: Callable[[set[int]], StreamChoice | None],
         if extra is not None:
           extra.close()
         raise
-      return Streams(main, extra, pick.main_wide, cam)
+      return Streams(main, extra, pick.main_wide, cam, Streams.describe(pick))
     time.sleep(0.1)
   raise KeyboardInterrupt
 
 
-def adopt_streams(core: Core, old: Streams, new: Streams, make_core: Callable[[Streams], Core], sm) -> Core:
+def adopt_streams(core: Core, old: Streams, new: Streams, make_core: Callable[[Streams], Core], sm, name: str = "modeld") -> Core:
   """The core to run on after a reconnect. A new camera size needs its own artifact: a fresh core, given the latest
   message of every service seen so far. A swap of the main stream (road <-> wide) is the core's to handle (the driving
   core recomputes its warp transforms from the last calibration)."""
   if new.camera != old.camera:
-    logging.getLogger("modeld").warning("camera size changed from %dx%d to %dx%d; loading its artifact", *old.camera, *new.camera)
+    logging.getLogger(name).warning("camera size changed from %dx%d to %dx%d; loading its artifact", *old.camera, *new.camera)
     core = make_core(new)
     for svc, seen in sm.seen.items():
       if seen:
@@ -274,7 +282,7 @@ def receive(streams: Streams, extra_frame: Frame | None, log: logging.Logger) ->
 
 def serve(proc: ModelProcess, opts: ServeOptions) -> int:
   log = logging.getLogger(proc.name)
-  source = ArtifactSource(opts.artifact)   # before anything slow: a wrong path or artifact must not wait for a camera
+  source = ArtifactSource(opts.artifact, proc.kind)   # before anything slow: a wrong path or artifact must not wait for a camera
   stopping = False
 
   def _stop(*_):
@@ -296,8 +304,7 @@ def serve(proc: ModelProcess, opts: ServeOptions) -> int:
     core = make_core(streams)
   core.switch_main(streams.main_wide)
   assert source.current is not None
-  log.info("streams: main=%s extra=%s, artifact %s (%s)", "wide" if streams.main_wide else "road", "wide" if streams.extra else "none",
-           source.current.path, source.current.target)
+  log.info("streams: %s, artifact %s (%s)", streams.label, source.current.path, source.current.target)
   pm = messaging.PubMaster(list(proc.published))
   sm = messaging.SubMaster(list(proc.subscribed))
   cycles = CycleCollector()
@@ -310,9 +317,9 @@ def serve(proc: ModelProcess, opts: ServeOptions) -> int:
       log.warning("camera server changed; reconnecting")
       streams.close()
       new = open_streams(opts.server, proc.choose_streams, lambda: stopping)
-      core = adopt_streams(core, streams, new, make_core, sm)
+      core = adopt_streams(core, streams, new, make_core, sm, proc.name)
       streams, extra_frame = new, None   # frames held from the old server are not paired with new ones
-      log.info("streams: main=%s extra=%s", "wide" if streams.main_wide else "road", "wide" if streams.extra else "none")
+      log.info("streams: %s", streams.label)
     main_frame, extra_frame = receive(streams, extra_frame, log)
     if main_frame is None:
       continue

@@ -2,7 +2,8 @@
 
   python -m release.build --vision driving_vision.onnx --policy driving_policy.onnx --device QCOM -o artifacts/
 
-writes artifacts/1928x1208/ and artifacts/1344x760/ (each a verified artifact), artifacts/smoke/<camera>/ (the recorded
+writes artifacts/1928x1208/ and artifacts/1344x760/ (each a verified artifact), with --dmonitoring dmonitoring_model.onnx
+also artifacts/dmonitoring/<camera>/ (the driver-monitoring artifacts), artifacts/smoke/[dmonitoring/]<camera>/ (the recorded
 input and the outputs each artifact produced for it, for `modeld-msm smoke` on a device; release/smoke.py) and
 artifacts/bundle.json (per camera: target, seconds, size, checks, smoke file hashes; and the build's provenance). The
 bundle directory is what `modeld-msm serve --artifact` (and `python -m modeld_msm.modeld`, openpilot's process entry)
@@ -21,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from artifact import signing
-from artifact.format import MANIFEST, swap_in_dir, verify_artifact
-from compile.build import compile_artifact
+from artifact.format import KIND_DIRS, MANIFEST, swap_in_dir, verify_artifact
+from compile.build import CompileReport, compile_artifact
 from release import provenance, smoke
 from release.bundle import BUNDLE_FILE, SMOKE_DIR, human_size, tree_size
-from release.smoke import SMOKE_FRAMES
+from release.smoke import DM_SMOKE_FRAMES, SMOKE_FRAMES
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import check_replaceable
@@ -33,34 +34,51 @@ from selfdrive_glue.nv12 import CAMERA_SIZES
 
 
 def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: list[str], log=print, sign_key: Path | None = None,
-                 smoke_frames: int = SMOKE_FRAMES) -> dict:
+                 smoke_frames: int = SMOKE_FRAMES, dmonitoring: Path | None = None, dm_smoke_frames: int = DM_SMOKE_FRAMES) -> dict:
+  """Compile, verify, smoke-record (and sign) every camera's artifacts, the driving pair's and with `dmonitoring` the DM
+  model's, into a bundle swapped in at `out`. -> bundle.json's content."""
   if sign_key is not None:
     signing.load_private(sign_key)  # a bad key is refused now, not after minutes of compiling
   out = Path(out)
-  check_replaceable(out, {BUNDLE_FILE: "artifacts"}, "release bundle of ours", (vision, policy) + ((sign_key,) if sign_key else ()))
+  inputs = (vision, policy) + ((dmonitoring,) if dmonitoring else ()) + ((sign_key,) if sign_key else ())
+  check_replaceable(out, {BUNDLE_FILE: "artifacts"}, "release bundle of ours", inputs)
+  if dmonitoring is not None:
+    from compile.onnx_model import load_model_info
+    load_model_info(dmonitoring, "dmonitoring")   # a wrong file is refused now, not after the driving compiles
   parent = out.resolve().parent
   parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+  jobs: list[tuple[str, str]] = [("driving", c) for c in cameras] + ([("dmonitoring", c) for c in cameras] if dmonitoring else [])
   try:
-    entries: dict[str, dict[str, Any]] = {}
-    for n, cam in enumerate(cameras, 1):
+    tables: dict[str, dict[str, dict[str, Any]]] = {"driving": {}, "dmonitoring": {}}
+    for n, (kind, cam) in enumerate(jobs, 1):
       t = time.perf_counter()
-      log(f"[release] {n}/{len(cameras)} {cam} on {device}")
-      report = compile_artifact(vision, policy, CAMERA_SIZES[cam], device, tmp / cam, log=log)
-      art = verify_artifact(tmp / cam, device=device.split(":")[0], camera=CAMERA_SIZES[cam], pubkey="")
-      entries[cam] = {"target": art.target, "checks": [c for c, r, _ in report.checks if r == "ok"], "size_bytes": tree_size(tmp / cam)}
-      if smoke_frames > 0:
-        log(f"[release] {cam}: recording the smoke test ({smoke_frames} frames through the artifact just built)")
+      log(f"[release] {n}/{len(jobs)} {cam}{'' if kind == 'driving' else ' driver monitoring'} on {device}")
+      d = tmp / KIND_DIRS[kind] / cam
+      report: CompileReport
+      if kind == "driving":
+        report = compile_artifact(vision, policy, CAMERA_SIZES[cam], device, d, log=log)
+      else:
+        from compile.dm_build import compile_dm_artifact
+        assert dmonitoring is not None
+        report = compile_dm_artifact(dmonitoring, CAMERA_SIZES[cam], device, d, log=log)
+      art = verify_artifact(d, device=device.split(":")[0], camera=CAMERA_SIZES[cam], pubkey="", kind=kind)
+      entry: dict[str, Any] = {"target": art.target, "checks": [c for c, r, _ in report.checks if r == "ok"], "size_bytes": tree_size(d)}
+      if (frames := smoke_frames if kind == "driving" else dm_smoke_frames) > 0:
+        log(f"[release] {cam}: recording the {kind} smoke test ({frames} frames through the artifact just built)")
         def every_25(i: int, k: int, cam: str = cam) -> None:
           if i % 25 == 0 or i == k:
             log(f"[release] {cam}: smoke frame {i}/{k}")
-        entries[cam]["smoke"] = smoke.record(tmp / cam, tmp / SMOKE_DIR / cam, smoke_frames, progress=every_25)
-        entries[cam]["checks"].append(f"smoke recorded ({smoke_frames} frames)")
+        entry["smoke"] = smoke.record(d, tmp / SMOKE_DIR / KIND_DIRS[kind] / cam, frames, progress=every_25)
+        entry["checks"].append(f"smoke recorded ({frames} frames)")
       if sign_key is not None:
-        entries[cam]["signed_by"] = signing.sign_artifact(tmp / cam, sign_key, MANIFEST)
-      entries[cam]["seconds"] = round(time.perf_counter() - t, 1)
-      entries[cam]["provenance"] = provenance.of_artifact(art.meta)
-    manifest = {"device": device.split(":")[0], "artifacts": entries, "created_unix": int(time.time()), "build": provenance.of_build()}
+        entry["signed_by"] = signing.sign_artifact(d, sign_key, MANIFEST)
+      entry["seconds"] = round(time.perf_counter() - t, 1)
+      entry["provenance"] = provenance.of_artifact(art.meta)
+      tables[kind][cam] = entry
+    manifest = {"device": device.split(":")[0], "artifacts": tables["driving"], "created_unix": int(time.time()), "build": provenance.of_build()}
+    if dmonitoring is not None:
+      manifest["dmonitoring"] = tables["dmonitoring"]
     (tmp / BUNDLE_FILE).write_text(json.dumps(manifest, indent=1))
     swap_in_dir(tmp, out)
     return manifest
@@ -72,6 +90,8 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--vision", type=Path, required=True, help="driving_vision.onnx")
   p.add_argument("--policy", type=Path, required=True, help="driving_policy.onnx")
+  p.add_argument("--dmonitoring", type=Path, metavar="ONNX",
+                 help="dmonitoring_model.onnx: also build the driver-monitoring artifacts (dmonitoringmodeld) for the same cameras")
   p.add_argument("--device", default="QCOM", help="QCOM (the car, captured on the emulated render node) or CPU")
   p.add_argument("--camera", action="append", choices=list(CAMERA_SIZES), help="camera sizes (default: both)")
   p.add_argument("-o", "--out", type=Path, required=True, help="bundle directory to write (replaced atomically)")
@@ -93,9 +113,10 @@ class Progress:
 
 def summary_table(manifest: dict) -> str:
   rows = [("camera", "target", "seconds", "size", "checks")]
-  for cam, e in manifest["artifacts"].items():
-    size = human_size(e["size_bytes"]) + (f" + smoke {human_size(e['smoke']['bytes'])}" if e.get("smoke") else "")
-    rows.append((cam, e["target"], f"{e['seconds']:.1f}", size, f"{len(e['checks'])} passed: {', '.join(e['checks'])}"))
+  for kind, table in (("", manifest["artifacts"]), ("dmonitoring ", manifest.get("dmonitoring") or {})):
+    for cam, e in table.items():
+      size = human_size(e["size_bytes"]) + (f" + smoke {human_size(e['smoke']['bytes'])}" if e.get("smoke") else "")
+      rows.append((kind + cam, e["target"], f"{e['seconds']:.1f}", size, f"{len(e['checks'])} passed: {', '.join(e['checks'])}"))
   w = [max(len(r[i]) for r in rows) for i in range(4)]
   lines = ["  ".join(f"{c:<{w[i]}}" for i, c in enumerate(r[:4])) + "  " + r[4] for r in rows]
   lines.insert(1, "-" * (sum(w) + 8 + len(rows[0][4])))
@@ -107,10 +128,11 @@ def run(args: argparse.Namespace) -> int:
     raise UserError(f"--smoke-frames must be 0 or more, not {args.smoke_frames}")
   progress = Progress()
   m = build_bundle(args.vision, args.policy, args.device, args.out, args.camera or list(CAMERA_SIZES), log=progress,
-                   sign_key=args.sign_key, smoke_frames=args.smoke_frames)
+                   sign_key=args.sign_key, smoke_frames=args.smoke_frames, dmonitoring=args.dmonitoring,
+                   dm_smoke_frames=min(args.smoke_frames, DM_SMOKE_FRAMES))
   print()
   print(summary_table(m))
-  signed = {e.get("signed_by") for e in m["artifacts"].values()} - {None}
+  signed = {e.get("signed_by") for t in (m["artifacts"], m.get("dmonitoring") or {}) for e in t.values()} - {None}
   print(f"\nbundle written to {args.out} ({m['device']}, {human_size(tree_size(Path(args.out)))} in all"
         + (f", signed by key {', '.join(sorted(signed))}" if signed else ", unsigned") + ")")
   return 0

@@ -1,5 +1,6 @@
 """A release bundle on disk: `bundle.json` (the index), one verified artifact per camera size, and `smoke/<camera>/`
-(the recorded input and expected outputs `modeld-msm smoke` checks a device against).
+(the recorded input and expected outputs `modeld-msm smoke` checks a device against); with the driver-monitoring model,
+also `dmonitoring/<camera>/` and `smoke/dmonitoring/<camera>/`, indexed under bundle.json's "dmonitoring".
 
 `verify_bundle` is what install and smoke both trust: every listed artifact passes `verify_artifact` (manifest, signature
 when a public key is configured, versions, device, camera) and every smoke file matches the hash bundle.json recorded.
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from artifact.format import MANIFEST, sign_tree, verify_artifact
+from artifact.format import KIND_DIRS, MANIFEST, sign_tree, verify_artifact
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file, write_atomic
 from selfdrive_glue.nv12 import parse_camera
@@ -28,7 +29,8 @@ RELEASE_HINT = "rebuild it with `modeld-msm release` (or `python -m release.buil
 class Bundle:
   path: Path
   index: dict[str, Any]
-  artifacts: dict[str, Any] = field(default_factory=dict)   # camera -> VerifiedArtifact
+  artifacts: dict[str, Any] = field(default_factory=dict)      # camera -> VerifiedArtifact (driving)
+  dm_artifacts: dict[str, Any] = field(default_factory=dict)   # camera -> VerifiedArtifact (driver monitoring)
 
   @property
   def device(self) -> str:
@@ -38,8 +40,18 @@ class Bundle:
   def cameras(self) -> list[str]:
     return list(self.index.get("artifacts", {}))
 
-  def smoke_dir(self, camera: str) -> Path:
-    return self.path / SMOKE_DIR / camera
+  @property
+  def dm_cameras(self) -> list[str]:
+    return list(self.index.get("dmonitoring") or {})
+
+  def entries(self, kind: str) -> dict[str, Any]:
+    return self.index["artifacts"] if kind == "driving" else self.index.get("dmonitoring") or {}
+
+  def artifact_dir(self, camera: str, kind: str = "driving") -> Path:
+    return self.path / KIND_DIRS[kind] / camera
+
+  def smoke_dir(self, camera: str, kind: str = "driving") -> Path:
+    return self.path / SMOKE_DIR / KIND_DIRS[kind] / camera
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -59,6 +71,8 @@ def read_index(path: str | os.PathLike) -> dict[str, Any]:
     raise UserError(f"bundle {path}: {BUNDLE_FILE} is unreadable ({e}); {RELEASE_HINT}") from None
   if not isinstance(index, dict) or not isinstance(index.get("artifacts"), dict) or not index["artifacts"]:
     raise UserError(f"bundle {path}: {BUNDLE_FILE} lists no artifacts; {RELEASE_HINT}")
+  if not isinstance(index.get("dmonitoring") or {}, dict):
+    raise UserError(f"bundle {path}: {BUNDLE_FILE}'s \"dmonitoring\" is not a table of camera -> artifact; {RELEASE_HINT}")
   return index
 
 
@@ -74,9 +88,16 @@ def verify_bundle(path: str | os.PathLike, device: str | None = None, cameras: l
     parse_camera(cam)   # a size no camera makes is a typo, not a bundle to rebuild
     if cam not in b.index["artifacts"]:
       raise UserError(f"bundle {path} has no artifact for camera {cam} (it has {', '.join(b.cameras)}); {RELEASE_HINT} with --camera {cam}")
-    b.artifacts[cam] = verify_artifact(path / cam, device=b.device, camera=parse_camera(cam), pubkey=pubkey)
+    b.artifacts[cam] = verify_artifact(path / cam, device=b.device, camera=parse_camera(cam), pubkey=pubkey, kind="driving")
     if smoke or (smoke is None and b.index["artifacts"][cam].get("smoke")):
       check_smoke_files(b, cam)
+  # the driver-monitoring artifacts of the same cameras, where the bundle has them
+  for cam in [c for c in b.dm_cameras if c in (cameras or b.dm_cameras)]:
+    parse_camera(cam)
+    b.dm_artifacts[cam] = verify_artifact(b.artifact_dir(cam, "dmonitoring"), device=b.device, camera=parse_camera(cam), pubkey=pubkey,
+                                          kind="dmonitoring")
+    if smoke or (smoke is None and b.entries("dmonitoring")[cam].get("smoke")):
+      check_smoke_files(b, cam, "dmonitoring")
   return b
 
 
@@ -89,10 +110,10 @@ def sign_bundle(path: str | os.PathLike, key: Path) -> list[tuple[Path, str]]:
   index = read_index(index_dir) if index_dir is not None else None   # an unreadable index is refused before anything is signed
   signed = sign_tree(path, key)
   if index is not None and index_dir is not None:
-    entries = index["artifacts"]
     recorded = False
     for art, kid in signed:
-      entry = entries.get(art.name) if art.resolve().parent == index_dir.resolve() else None
+      tables = {index_dir.resolve(): index["artifacts"], (index_dir / KIND_DIRS["dmonitoring"]).resolve(): index.get("dmonitoring") or {}}
+      entry = tables.get(art.resolve().parent, {}).get(art.name)
       if isinstance(entry, dict):
         entry["signed_by"] = kid
         recorded = True
@@ -101,18 +122,20 @@ def sign_bundle(path: str | os.PathLike, key: Path) -> list[tuple[Path, str]]:
   return signed
 
 
-def check_smoke_files(b: Bundle, camera: str) -> dict[str, str]:
-  """The smoke files of one camera, each matching the sha256 the release build recorded in bundle.json."""
-  listed = b.index["artifacts"][camera].get("smoke", {}).get("files")
+def check_smoke_files(b: Bundle, camera: str, kind: str = "driving") -> dict[str, str]:
+  """The smoke files of one camera (and artifact kind), each matching the sha256 the release build recorded in bundle.json."""
+  listed = b.entries(kind)[camera].get("smoke", {}).get("files")
+  what = camera if kind == "driving" else f"{kind} {camera}"
   if not listed:
-    raise UserError(f"bundle {b.path} carries no smoke data for {camera} (built before `modeld-msm smoke` existed?); {RELEASE_HINT}")
-  d = b.smoke_dir(camera)
+    raise UserError(f"bundle {b.path} carries no smoke data for {what} (built before `modeld-msm smoke` existed?); {RELEASE_HINT}")
+  d = b.smoke_dir(camera, kind)
+  rel = d.relative_to(b.path).as_posix()
   for name, digest in listed.items():
     f = d / name
     if not f.is_file():
-      raise UserError(f"bundle {b.path}: smoke file {SMOKE_DIR}/{camera}/{name} is missing; {RELEASE_HINT}")
+      raise UserError(f"bundle {b.path}: smoke file {rel}/{name} is missing; {RELEASE_HINT}")
     if sha256_file(f) != digest:
-      raise UserError(f"bundle {b.path}: smoke file {SMOKE_DIR}/{camera}/{name} does not match the hash in {BUNDLE_FILE} "
+      raise UserError(f"bundle {b.path}: smoke file {rel}/{name} does not match the hash in {BUNDLE_FILE} "
                       f"(modified or corrupt); {RELEASE_HINT}")
   return dict(listed)
 

@@ -1,23 +1,29 @@
-"""Install a release bundle into an openpilot checkout so that openpilot's manager runs this modeld, and undo it.
+"""Install a release bundle into an openpilot checkout so that openpilot's manager runs this modeld (and this
+dmonitoringmodeld, when the bundle carries driver-monitoring artifacts), and undo it.
 
 What `install OPENPILOT_DIR --bundle DIR` does (all of it recorded in third_party/modeld_msm/install.json):
   third_party/modeld_msm/artifacts/     a copy of the bundle, verified before and after copying
-  third_party/modeld_msm/modeld         the launcher the manager runs (below)
+  third_party/modeld_msm/modeld         the launcher the manager runs as modeld (below)
+  third_party/modeld_msm/dmonitoringmodeld   the same for dmonitoringmodeld, only when the bundle has driver-monitoring
+                                        artifacts (bundle.json "dmonitoring": camera -> entry, artifacts in dmonitoring/<camera>/)
   third_party/modeld_msm/process_config.py.orig   the process table as it was, byte for byte
-  system/manager/process_config.py      its one modeld entry, whatever its form, becomes
+  system/manager/process_config.py      its one modeld entry (and its one dmonitoringmodeld entry, with such a bundle),
+                                        whatever its form, becomes
       NativeProcess("modeld", "third_party/modeld_msm", ["./modeld"], <the stock should_run>, <the stock keywords>)
 and `uninstall` puts process_config.py back byte for byte and removes third_party/modeld_msm (and third_party, if
-install created it).
+install created it). A bundle without driver-monitoring artifacts leaves openpilot's dmonitoringmodeld as it is; one
+installed over a bundle with them puts it back.
 
 Why a launcher and not `PythonProcess("modeld", "modeld_msm.modeld", ...)`: openpilot's launch script sets
 PYTHONPATH to the checkout, whose root holds `tinygrad -> tinygrad_repo/tinygrad`, so `import tinygrad` there is
 openpilot's vendored tinygrad, not the pinned 0.14.0 this modeld's QCOM backend and artifacts are built for. And a
-PythonProcess is forked from the manager, which has already imported that tinygrad while preimporting
+PythonProcess is forked from the manager, which has already imported that tinygrad while preimporting the stock
 dmonitoringmodeld. The launcher is openpilot's own idiom for a process with its own runtime (modeld was once
-`NativeProcess("modeld", "selfdrive/modeld", ["./modeld"], ...)` with a shell script there): it execs the interpreter
-modeld-msm is installed in, `python -m modeld_msm.modeld`, with this package's source root as PYTHONPATH, so the
-process is the same `modeld_msm.modeld` as `python -m modeld_msm.modeld` anywhere else. The manager still starts it
-onroad only and stops it with SIGINT then SIGKILL, as for the stock modeld.
+`NativeProcess("modeld", "selfdrive/modeld", ["./modeld"], ...)` with a shell script there, dmonitoringmodeld likewise):
+it execs the interpreter modeld-msm is installed in, `python -m modeld_msm.modeld` (`modeld_msm.dmonitoringmodeld`),
+with this package's source root as PYTHONPATH and the installed bundle as MODELD_ARTIFACT, so the process is the same
+module as `python -m modeld_msm.modeld` anywhere else. The manager still starts and stops each one when the stock
+entry's should_run says, SIGINT then SIGKILL, as for the stock process.
 """
 from __future__ import annotations
 
@@ -38,24 +44,30 @@ from typing import Any
 import modeld_msm
 from artifact.format import swap_in_dir
 from artifact.signing import SignatureError, key_id, load_public
-from release.bundle import BUNDLE_FILE, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
+from release.bundle import BUNDLE_FILE, RELEASE_HINT, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
 PROCESS_CONFIG = Path("system/manager/process_config.py")
 PROCESS_PY = Path("system/manager/process.py")
 INSTALL_REL = "third_party/modeld_msm"
-STATE, ORIGINAL, LAUNCHER, BUNDLE_DIR, PUBKEY = "install.json", "process_config.py.orig", "modeld", "artifacts", "modeld-msm.pub"
-STATE_FORMAT = 1
+STATE, ORIGINAL, BUNDLE_DIR, PUBKEY = "install.json", "process_config.py.orig", "artifacts", "modeld-msm.pub"
+# the processes install may replace; each runs from a launcher of its name that execs `python -m modeld_msm.<name>`
+MODELD, DMONITORING = "modeld", "dmonitoringmodeld"
+PROCESSES = (MODELD, DMONITORING)
+DM_KEY = "dmonitoring"   # bundle.json: camera -> entry of the driver-monitoring artifacts, at <bundle>/dmonitoring/<camera>/
+STATE_FORMAT = 1   # install.json without "replaced" (before driver monitoring) means modeld alone was replaced
 ENTRY_KINDS = ("PythonProcess", "NativeProcess")
 # positional parameters after should_run, the same for both classes in openpilot's process.py
 EXTRA_POSITIONAL = ("enabled", "sigkill", "watchdog_max_dt")
-COMMENT = "# modeld-msm: the vamOS (MSM render node) modeld; changes recorded in {rel}/install.json, `modeld-msm uninstall` undoes them\n"
+COMMENT = "# modeld-msm: the vamOS (MSM render node) {name}; changes recorded in {rel}/install.json, `modeld-msm uninstall` undoes them\n"
+LAYOUT_HINT = "edit the process table by hand (see README: On the car) or report the layout"
 
 
 @dataclass
 class Entry:
-  """The process table's modeld entry: where it is (byte offsets) and what it says."""
+  """One process entry of the table (modeld or dmonitoringmodeld): where it is (byte offsets) and what it says."""
+  name: str
   start: int
   end: int
   line_start: int
@@ -68,7 +80,7 @@ class Entry:
 
   def replacement(self) -> str:
     rest = "".join(f", {k}" for k in self.keywords)
-    return f'NativeProcess("modeld", "{INSTALL_REL}", ["./{LAUNCHER}"], {self.should_run}{rest})'
+    return f'NativeProcess("{self.name}", "{INSTALL_REL}", ["./{self.name}"], {self.should_run}{rest})'
 
 
 def check_openpilot(root: Path) -> None:
@@ -82,9 +94,10 @@ def check_openpilot(root: Path) -> None:
                     "e.g. /data/openpilot")
 
 
-def find_modeld(data: bytes, where: str) -> Entry:
-  """The one modeld entry of the `procs` list, or a UserError saying why the layout is not one this installer edits."""
-  hint = "edit the process table by hand (see README: On the car) or report the layout"
+def find_entry(data: bytes, where: str, name: str, why: str = "") -> Entry:
+  """The one `name` entry of the `procs` list, or a UserError saying why the layout is not one this installer edits
+  (`why`: why this entry must be there, said before the hint)."""
+  hint = f"{why}; {LAYOUT_HINT}" if why else LAYOUT_HINT
   try:
     tree = ast.parse(data)
   except SyntaxError as e:
@@ -94,15 +107,15 @@ def find_modeld(data: bytes, where: str) -> Entry:
   if len(procs) != 1:
     raise UserError(f"unknown process-table layout in {where}: expected one `procs = [...]` list at module level, found {len(procs)}; {hint}")
   calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _func_name(n).endswith("Process") and n.args
-           and isinstance(n.args[0], ast.Constant) and n.args[0].value == "modeld"]
+           and isinstance(n.args[0], ast.Constant) and n.args[0].value == name]
   if len(calls) != 1:
     lines = ", ".join(str(c.lineno) for c in calls)
-    raise UserError(f"unknown process-table layout in {where}: expected exactly one \"modeld\" process entry, found {len(calls)}"
+    raise UserError(f"unknown process-table layout in {where}: expected exactly one \"{name}\" process entry, found {len(calls)}"
                     + (f" (lines {lines})" if calls else "") + f"; {hint}")
   call = calls[0]
   kind = _func_name(call)
   if call not in procs[0].elts or kind not in ENTRY_KINDS:
-    raise UserError(f"unknown process-table layout in {where}: the modeld entry (line {call.lineno}) is not a PythonProcess or "
+    raise UserError(f"unknown process-table layout in {where}: the {name} entry (line {call.lineno}) is not a PythonProcess or "
                     f"NativeProcess element of `procs`; {hint}")
   if not _binds(tree, "NativeProcess"):
     raise UserError(f"unknown process-table layout in {where}: NativeProcess is not imported there; {hint}")
@@ -112,16 +125,44 @@ def find_modeld(data: bytes, where: str) -> Entry:
   pos = 2 if kind == "PythonProcess" else 3
   should_run = [seg(call.args[pos])] if len(call.args) > pos else [seg(k.value) for k in call.keywords if k.arg == "should_run"]
   if not should_run:
-    raise UserError(f"unknown process-table layout in {where}: the modeld entry (line {call.lineno}) has no should_run; {hint}")
+    raise UserError(f"unknown process-table layout in {where}: the {name} entry (line {call.lineno}) has no should_run; {hint}")
   extra = call.args[pos + 1:]
   if len(extra) > len(EXTRA_POSITIONAL):
-    raise UserError(f"unknown process-table layout in {where}: the modeld entry (line {call.lineno}) has {len(call.args)} positional "
+    raise UserError(f"unknown process-table layout in {where}: the {name} entry (line {call.lineno}) has {len(call.args)} positional "
                     f"arguments; {hint}")
-  keywords = [f"{name}={seg(a)}" for name, a in zip(EXTRA_POSITIONAL, extra)]
-  keywords += [f"{k.arg}={seg(k.value)}" if k.arg else f"**{seg(k.value)}" for k in call.keywords if k.arg != "should_run"]
+  keywords = [f"{kw}={seg(a)}" for kw, a in zip(EXTRA_POSITIONAL, extra)]
+  keywords += [seg(k) for k in call.keywords if k.arg != "should_run"]   # as written: `enabled=(WEBCAM or not PC)` keeps its parentheses
   ours = kind == "NativeProcess" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant) and call.args[1].value == INSTALL_REL
   line_start, (start, end) = starts[call.lineno - 1], span(call)
-  return Entry(start, end, line_start, call.lineno, kind, ours, should_run[0], keywords, not data[line_start:start].strip())
+  return Entry(name, start, end, line_start, call.lineno, kind, ours, should_run[0], keywords, not data[line_start:start].strip())
+
+
+def find_entries(data: bytes, where: str, needed: list[str], why: dict[str, str] | None = None) -> dict[str, Entry | None]:
+  """The entries of PROCESSES: those `needed` must each be there once, in a form this installer edits (else the
+  UserError of find_entry); the others are None where the table has no such entry, or not one find_entry reads."""
+  found: dict[str, Entry | None] = {}
+  for name in PROCESSES:
+    try:
+      found[name] = find_entry(data, where, name, (why or {}).get(name, ""))
+    except UserError:
+      if name in needed:
+        raise
+      found[name] = None
+  return found
+
+
+def dm_cameras(index: dict[str, Any], bundle: Path) -> list[str]:
+  """The cameras a bundle has driver-monitoring artifacts for (bundle.json "dmonitoring"), [] for none."""
+  dm = index.get(DM_KEY)
+  if not dm:
+    return []
+  if not isinstance(dm, dict):
+    raise UserError(f"bundle {bundle}: {BUNDLE_FILE} has a \"{DM_KEY}\" that is not a camera -> entry table; {RELEASE_HINT}")
+  return list(dm)
+
+
+def _names(names) -> str:
+  return " and ".join(n for n in PROCESSES if n in names)
 
 
 def _func_name(call: ast.Call) -> str:
@@ -147,12 +188,16 @@ def _line_starts(data: bytes) -> list[int]:
   return starts + [pos]
 
 
-def edit_table(data: bytes, e: Entry) -> bytes:
-  new = e.replacement().encode()
-  if not e.at_line_start:
-    return data[:e.start] + new + data[e.end:]
-  indent = data[e.line_start:e.start]
-  return data[:e.line_start] + indent + COMMENT.format(rel=INSTALL_REL).encode() + indent + new + data[e.end:]
+def edit_table(data: bytes, entries: list[Entry]) -> bytes:
+  """`data` with each entry (found in `data`) replaced by ours; from the last one back, so the offsets still hold."""
+  for e in sorted(entries, key=lambda e: e.start, reverse=True):
+    new = e.replacement().encode()
+    if not e.at_line_start:
+      data = data[:e.start] + new + data[e.end:]
+      continue
+    indent = data[e.line_start:e.start]
+    data = data[:e.line_start] + indent + COMMENT.format(name=e.name, rel=INSTALL_REL).encode() + indent + new + data[e.end:]
+  return data
 
 
 def unified_diff(old: bytes, new: bytes, rel: Path) -> str:
@@ -165,7 +210,8 @@ def source_root() -> Path:
   return Path(modeld_msm.__file__).resolve().parents[1]
 
 
-def launcher_text(python: str, src: Path, pubkey: bool) -> bytes:
+def launcher_text(python: str, src: Path, pubkey: bool, name: str = MODELD) -> bytes:
+  """The launcher the manager runs as `name`: `python -m modeld_msm.<name>` on the installed bundle."""
   lines = [
     "#!/bin/sh",
     "# Written by `modeld-msm install` (what it changed: install.json beside this file; `modeld-msm uninstall` undoes it).",
@@ -173,17 +219,18 @@ def launcher_text(python: str, src: Path, pubkey: bool) -> bytes:
     "# so it runs in that interpreter with its own source root first on the path.",
     'here="$(cd "$(dirname "$0")" && pwd)"',
     f"export PYTHONPATH={shlex.quote(str(src))}",
-    'export MODELD_ARTIFACT="$here/artifacts"',
+    f'export MODELD_ARTIFACT="$here/{BUNDLE_DIR}"',
   ]
   if pubkey:
     lines.append(f'export MODELD_PUBKEY="$here/{PUBKEY}"   # refuse artifacts not signed by the release key')
-  lines.append(f'exec {shlex.quote(python)} -m modeld_msm.modeld "$@"')
+  lines.append(f'exec {shlex.quote(python)} -m modeld_msm.{name} "$@"')
   return ("\n".join(lines) + "\n").encode()
 
 
-def _check_interpreter(python: str, src: Path) -> None:
-  """The launcher's interpreter must import this modeld and its pinned tinygrad from outside the openpilot tree."""
-  code = "import backend, modeld_msm.modeld; backend.check_tinygrad()"
+def _check_interpreter(python: str, src: Path, names: list[str]) -> None:
+  """The launchers' interpreter must import these processes' modules and the pinned tinygrad from outside the openpilot tree."""
+  modules = [f"modeld_msm.{n}" for n in names]
+  code = f"import backend, {', '.join(modules)}; backend.check_tinygrad()"
   env = {**os.environ, "PYTHONPATH": str(src)}
   try:
     r = subprocess.run([python, "-c", code], cwd="/", env=env, capture_output=True, text=True, timeout=120)
@@ -191,7 +238,7 @@ def _check_interpreter(python: str, src: Path) -> None:
     raise UserError(f"cannot run {python} ({e.strerror}); pass --python with the interpreter modeld-msm is installed in") from None
   if r.returncode != 0:
     last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-    raise UserError(f"{python} cannot import modeld_msm.modeld with its pinned tinygrad ({last}); "
+    raise UserError(f"{python} cannot import {' and '.join(modules)} with its pinned tinygrad ({last}); "
                     "install modeld-msm into it (`pip install -e .` in the checkout) or pass --python")
 
 
@@ -230,11 +277,52 @@ def installed_pubkey(root: Path, state: dict[str, Any] | None, pubkey: str | os.
   return kept, True
 
 
+def replaced_entries(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """Process name -> {stock_entry, entry, line} of each entry the install replaced. An install.json written before
+  driver monitoring has no "replaced": it replaced modeld alone, recorded at the top of "process_config"."""
+  pc = state["process_config"]
+  if "replaced" in pc:
+    return dict(pc["replaced"])
+  return {MODELD: {k: pc.get(k) for k in ("stock_entry", "entry", "line")}}
+
+
+def _saved_original(d: Path) -> bytes:
+  try:
+    return (d / ORIGINAL).read_bytes()
+  except FileNotFoundError:
+    raise UserError(f"{d / ORIGINAL}, the process table as it was before the install, is gone; restore {PROCESS_CONFIG} with "
+                    f"`git checkout`, remove {d}, then install again") from None
+
+
+def _ours(found: dict[str, Entry | None]) -> set[str]:
+  return {n for n, e in found.items() if e is not None and e.ours}
+
+
+def _table_mismatch(prev: set[str], ours: set[str]) -> str:
+  """How the entries the table runs from INSTALL_REL differ from those install.json says were replaced ("" if they do not)."""
+  back, extra, still = prev - ours, ours - prev, ours & prev
+  parts = ([f"runs the stock {_names(back)} again"] if back else []) + \
+          ([f"runs {INSTALL_REL} as {_names(extra)}, which {STATE} does not record"] if extra else [])
+  if not parts:
+    return ""
+  return (f"{INSTALL_REL}/{STATE} says modeld-msm replaced {_names(prev)}, but {PROCESS_CONFIG} {' and '.join(parts)}"
+          + (f" while {_names(still)} still runs {INSTALL_REL}" if still else "") + " (put back by hand, or by an update or a checkout?)")
+
+
+def _edit(table: bytes, found: dict[str, Entry | None], names: list[str]) -> tuple[bytes, dict[str, dict[str, Any]]]:
+  """`table` with the entries `names` replaced by ours, and what install.json records of each (replaced_entries)."""
+  entries = [entry for n in names if (entry := found[n]) is not None]
+  return edit_table(table, entries), {e.name: {"stock_entry": table[e.start:e.end].decode(), "entry": e.replacement(), "line": e.lineno}
+                                      for e in entries}
+
+
 def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str | None = None, allow_cpu: bool = False,
             pubkey: str | os.PathLike | None = None, dry_run: bool = False, log=print, drop_pubkey: bool = False) -> str:
-  """-> "installed", "updated" (another bundle or launcher, same table edit), "unchanged", or "dry run".
+  """-> "installed", "updated" (another bundle or launcher), "unchanged", or "dry run".
 
-  Without `pubkey`, a key installed before is kept (the bundle must pass it); `drop_pubkey` removes it."""
+  modeld is replaced, and dmonitoringmodeld too when the bundle has driver-monitoring artifacts (else it stays, or goes
+  back to, openpilot's own). Without `pubkey`, a key installed before is kept (the bundle must pass it); `drop_pubkey`
+  removes it."""
   root, bundle = Path(openpilot).resolve(), Path(bundle).resolve()
   check_openpilot(root)
   state = read_state(root)
@@ -251,41 +339,66 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
   if b.device != "QCOM" and not allow_cpu:
     raise UserError(f"bundle {bundle} is for {b.device}; the car runs QCOM bundles (`modeld-msm release --device QCOM`); "
                     "pass --allow-cpu to install a CPU bundle anyway (openpilot on a PC)")
+  dm = dm_cameras(b.index, bundle)
+  wanted = [MODELD] + ([DMONITORING] if dm else [])
+  needed_why = {DMONITORING: f"bundle {bundle} has driver-monitoring artifacts (bundle.json \"{DM_KEY}\"), so install replaces that "
+                             "entry too (or install a bundle without them)"}
   dropping = drop_pubkey and state is not None and bool(state.get("pubkey"))
   table = root / PROCESS_CONFIG
   data = table.read_bytes()
-  entry = find_modeld(data, str(PROCESS_CONFIG))
-  if entry.ours and state is None:
-    raise UserError(f"{PROCESS_CONFIG} already runs {INSTALL_REL} but {INSTALL_REL}/{STATE} is gone; restore the table with "
-                    f"`git -C {root} checkout {PROCESS_CONFIG}` and install again")
-  if state is not None and not entry.ours:
-    raise UserError(f"{INSTALL_REL}/{STATE} says modeld-msm is installed, but {PROCESS_CONFIG} runs the stock modeld again "
-                    f"(replaced by an update or a checkout?); run `modeld-msm uninstall {root}`, then install again")
+  found = find_entries(data, str(PROCESS_CONFIG), wanted, needed_why)
+  ours = _ours(found)
+  prev = replaced_entries(state) if state is not None else {}
+  d = root / INSTALL_REL
+  if state is None and ours:
+    raise UserError(f"{PROCESS_CONFIG} already runs {INSTALL_REL} as {_names(ours)} but {INSTALL_REL}/{STATE} is gone; restore the table "
+                    f"with `git -C {root} checkout {PROCESS_CONFIG}` and install again")
+  if mismatch := _table_mismatch(set(prev), ours):
+    raise UserError(f"{mismatch}; " + (f"run `modeld-msm uninstall {root}`, then install again" if not ours else
+                    f"restore the table with `git -C {root} checkout {PROCESS_CONFIG}` (or put {d / ORIGINAL} back), run "
+                    f"`modeld-msm uninstall {root}`, then install again"))
+  original = _saved_original(d) if state is not None else data
+  if state is None:
+    new_table, records = _edit(data, found, wanted)
+  elif set(wanted) == set(prev):
+    new_table, records = data, prev
+  else:
+    # a bundle with driver monitoring over one without, or the other way: the table is the saved original, edited anew
+    pc = state["process_config"]
+    if sha256_bytes(original) != pc["original_sha256"]:
+      raise UserError(f"{d / ORIGINAL} does not match the hash in {STATE} (modified?); restore {PROCESS_CONFIG} with git, then remove {d}")
+    if sha256_bytes(data) != pc["installed_sha256"]:
+      raise UserError(f"{PROCESS_CONFIG} was edited after the install, and this bundle changes which entries run {INSTALL_REL} "
+                      f"({_names(prev)} -> {_names(wanted)}), which starts from the saved {ORIGINAL} and would lose that edit; undo the "
+                      f"edit, or run `modeld-msm uninstall {root}` and install again")
+    new_table, records = _edit(original, find_entries(original, f"{INSTALL_REL}/{ORIGINAL}", wanted, needed_why), wanted)
   python = python or sys.executable
   src = source_root()
-  new_table = data if entry.ours else edit_table(data, entry)
-  launcher = launcher_text(python, src, pubkey is not None)
+  launchers = {n: launcher_text(python, src, pubkey is not None, n) for n in wanted}
   pub_bytes = Path(pubkey).read_bytes() if pubkey is not None else None
   digest = tree_digest(bundle)
-  d = root / INSTALL_REL
+  what_bundle = f"{b.device}; {', '.join(b.cameras)}" + (f"; driver monitoring: {', '.join(dm)}" if dm else "")
   if state is not None:
-    same = (state["bundle"]["digest"] == digest and (d / LAUNCHER).read_bytes() == launcher
+    same = (set(wanted) == set(prev) and state["bundle"]["digest"] == digest
+            and all((d / n).is_file() and (d / n).read_bytes() == text for n, text in launchers.items())
             and ((d / PUBKEY).read_bytes() if (d / PUBKEY).exists() else None) == pub_bytes)
     if same:
-      log(f"modeld-msm is already installed in {root} with this bundle ({b.device}, {', '.join(b.cameras)}); nothing to do")
+      log(f"modeld-msm is already installed in {root} with this bundle ({what_bundle}); nothing to do")
       return "unchanged"
   what = "replace the installed bundle with" if state is not None else "copy"
   size = tree_size(bundle)
   key_note = (f"keep the installed public key {d / PUBKEY}: every artifact must be signed by it" if kept else
               f"REMOVE the installed public key {d / PUBKEY}: modeld will no longer check artifact signatures" if dropping else "")
+  dm_stays = "" if dm else ((f"put openpilot's stock {DMONITORING} back" if DMONITORING in prev else f"leave openpilot's {DMONITORING} as it is")
+                            + ": this bundle has no driver-monitoring artifacts")
   if dry_run:
-    log(f"dry run, nothing changed. install would:\n  {what} {bundle} ({b.device}; {', '.join(b.cameras)}; {human_size(size)}) "
-        f"-> {d / BUNDLE_DIR}\n  write {d / LAUNCHER} (exec {python} -m modeld_msm.modeld), {STATE}, {ORIGINAL}"
-        + (f"\n  {key_note}" if key_note else ""))
+    log(f"dry run, nothing changed. install would:\n  {what} {bundle} ({what_bundle}; {human_size(size)}) -> {d / BUNDLE_DIR}\n  write "
+        + ", ".join(f"{d / n} (exec {python} -m modeld_msm.{n})" for n in wanted) + f", {STATE}, {ORIGINAL}"
+        + "".join(f"\n  {note}" for note in (dm_stays, key_note) if note))
     diff = unified_diff(data, new_table, PROCESS_CONFIG)
-    log(diff if diff else f"  leave {PROCESS_CONFIG} as it is (it already runs {INSTALL_REL})")
+    log(diff if diff else f"  leave {PROCESS_CONFIG} as it is (it already runs {INSTALL_REL} as {_names(wanted)})")
     return "dry run"
-  _check_interpreter(python, src)
+  _check_interpreter(python, src, wanted)
   created = [] if (root / "third_party").exists() else ["third_party"]
   (root / "third_party").mkdir(exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=".modeld_msm.tmp-", dir=root / "third_party"))
@@ -295,20 +408,19 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
     verify_bundle(tmp / BUNDLE_DIR, device=b.device, pubkey=pubkey, smoke=None)
     if tree_digest(tmp / BUNDLE_DIR) != digest:
       raise UserError(f"the copy of {bundle} differs from it (was the bundle written to during the copy?); try again")
-    original = (d / ORIGINAL).read_bytes() if state is not None else data
     (tmp / ORIGINAL).write_bytes(original)
-    (tmp / LAUNCHER).write_bytes(launcher)
-    os.chmod(tmp / LAUNCHER, 0o755)
+    for n, text in launchers.items():
+      (tmp / n).write_bytes(text)
+      os.chmod(tmp / n, 0o755)
     if pub_bytes is not None:
       (tmp / PUBKEY).write_bytes(pub_bytes)
     new_state = {
       "format": STATE_FORMAT, "installed_unix": int(time.time()), "openpilot": str(root),
       "python": python, "source_root": str(src), "created_dirs": state["created_dirs"] if state else created,
       "process_config": {"path": str(PROCESS_CONFIG), "original_sha256": sha256_bytes(original), "installed_sha256": sha256_bytes(new_table),
-                         "stock_entry": state["process_config"]["stock_entry"] if state else data[entry.start:entry.end].decode(),
-                         "entry": entry.replacement(),
-                         "line": entry.lineno},
-      "bundle": {"source": str(bundle), "device": b.device, "cameras": b.cameras, "digest": digest, "bytes": size,
+                         **records[MODELD],   # stock_entry, entry, line: modeld's, where an install.json before driver monitoring had them
+                         "replaced": records},
+      "bundle": {"source": str(bundle), "device": b.device, "cameras": b.cameras, DM_KEY: dm, "digest": digest, "bytes": size,
                  "bundle_json_sha256": sha256_bytes((bundle / BUNDLE_FILE).read_bytes())},
       "pubkey": PUBKEY if pub_bytes is not None else None,
     }
@@ -332,8 +444,9 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
         "(install again with --pubkey KEY to check signatures)")
   elif kept:
     log(f"kept the installed public key {d / PUBKEY}: modeld accepts only artifacts signed by it (--drop-pubkey removes it)")
-  log(f"modeld-msm {result} in {root}: openpilot's manager runs {d / LAUNCHER} (python -m modeld_msm.modeld) as modeld, "
-      f"serving {d / BUNDLE_DIR} ({b.device}; {', '.join(b.cameras)})")
+  runs = " and ".join(f"{d / n} (python -m modeld_msm.{n}) as {n}" for n in wanted)
+  stock_dm = "" if dm else f"; {DMONITORING} is openpilot's own (the bundle has no driver-monitoring artifacts)"
+  log(f"modeld-msm {result} in {root}: openpilot's manager runs {runs}, serving {d / BUNDLE_DIR} ({what_bundle}){stock_dm}")
   return result
 
 
@@ -345,23 +458,27 @@ def uninstall(openpilot: str | os.PathLike, dry_run: bool = False, log=print) ->
   table = root / PROCESS_CONFIG
   data = table.read_bytes()
   if state is None:
-    if find_modeld(data, str(PROCESS_CONFIG)).ours:
-      raise UserError(f"{PROCESS_CONFIG} runs {INSTALL_REL} but there is no {INSTALL_REL}/{STATE} to undo it from; restore the table "
-                      f"with `git -C {root} checkout {PROCESS_CONFIG}`")
+    if ours := _ours(find_entries(data, str(PROCESS_CONFIG), [MODELD])):
+      raise UserError(f"{PROCESS_CONFIG} runs {INSTALL_REL} as {_names(ours)} but there is no {INSTALL_REL}/{STATE} to undo it from; "
+                      f"restore the table with `git -C {root} checkout {PROCESS_CONFIG}`")
     log(f"modeld-msm is not installed in {root}; nothing to do")
     return "not installed"
   d = root / INSTALL_REL
   pc = state["process_config"]
-  original = (d / ORIGINAL).read_bytes()
+  prev = set(replaced_entries(state))
+  original = _saved_original(d)
   if sha256_bytes(original) != pc["original_sha256"]:
     raise UserError(f"{d / ORIGINAL} does not match the hash in {STATE} (modified?); restore {PROCESS_CONFIG} with git, then remove {d}")
   restore = sha256_bytes(data) == pc["installed_sha256"]
-  if not restore and find_modeld(data, str(PROCESS_CONFIG)).ours:
+  if not restore and (ours := _ours(find_entries(data, str(PROCESS_CONFIG), [MODELD]))):
+    if mismatch := _table_mismatch(prev, ours):
+      raise UserError(f"{mismatch}, so restoring the saved copy could lose other edits; restore the table with "
+                      f"`git -C {root} checkout {PROCESS_CONFIG}` (or put {d / ORIGINAL} back by hand), then run uninstall again")
     raise UserError(f"{PROCESS_CONFIG} was edited after the install, so restoring the saved copy would lose that edit; undo the edit, "
                     f"or put {d / ORIGINAL} back by hand, then run uninstall again")
   if dry_run:
-    log(f"dry run, nothing changed. uninstall would:\n  remove {d} (bundle {state['bundle']['source']}, "
-        f"{human_size(state['bundle']['bytes'])})")
+    log(f"dry run, nothing changed. uninstall would:\n  remove {d} (the launchers " + ", ".join(str(d / n) for n in PROCESSES if n in prev)
+        + f"; bundle {state['bundle']['source']}, {human_size(state['bundle']['bytes'])})")
     log(unified_diff(data, original, PROCESS_CONFIG) if restore else f"  leave {PROCESS_CONFIG} as it is (it no longer runs {INSTALL_REL})")
     return "dry run"
   if restore:
@@ -373,7 +490,7 @@ def uninstall(openpilot: str | os.PathLike, dry_run: bool = False, log=print) ->
   os.replace(d, gone)   # one rename: the install is gone at once, the files follow
   shutil.rmtree(gone)
   _remove_created(root, state.get("created_dirs", []))
-  log(f"modeld-msm removed from {root}: openpilot's manager runs its stock modeld again")
+  log(f"modeld-msm removed from {root}: openpilot's manager runs its stock {_names(prev)} again")
   return "removed"
 
 

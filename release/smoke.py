@@ -12,6 +12,10 @@ Recorded by the release build into `<bundle>/smoke/<camera>/`, replayed by `mode
 
 A replay runs the same frames through `ModelState`, the code `serve` runs, and stops at the first output outside the
 tolerance, naming it by the artifact's output slices.
+
+A driver-monitoring artifact's smoke test (`<bundle>/smoke/dmonitoring/<camera>/`) has the same files: its 8 distinct
+frames are stored as the 4 pairs, each step reads one of them (`pair`, `which`) under its own calib and warp matrix
+(jittered around the camera's), through `DMonitoringCore`, the code `serve-dm` runs; expected.npz holds its raw outputs.
 """
 from __future__ import annotations
 
@@ -28,15 +32,17 @@ import numpy as np
 
 from artifact.format import verify_artifact
 from compile.program import DESIRE_LEN
+from modeld_msm.dm_core import DMonitoringCore
 from modeld_msm.model_state import ModelState
 from release.bundle import sha256_bytes
-from selfdrive_glue.camera import model_transforms, sensor_and_device
+from selfdrive_glue.camera import dm_warp_matrix, model_transforms, sensor_and_device
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.road_render import RoadScene
 
 FRAMES_FILE, INPUTS_FILE, EXPECTED_FILE, META_FILE = "frames.nv12.zst", "inputs.npz", "expected.npz", "smoke.json"
 SMOKE_FORMAT = 1
 SMOKE_FRAMES = 100
+DM_SMOKE_FRAMES = 20   # the DM program keeps no state between frames: a few frames cover it (a QCOM build executes each)
 DISTINCT_PAIRS = 4
 DROP_EVERY = 10
 SEED = 7
@@ -85,9 +91,28 @@ def make_input(camera: str, frames: int = SMOKE_FRAMES, seed: int = SEED) -> Smo
   return SmokeInput(pairs, inputs)
 
 
+def make_dm_input(camera: str, frames: int = SMOKE_FRAMES, seed: int = SEED) -> SmokeInput:
+  """The driver-monitoring smoke input: 8 distinct rendered frames, per step one of them with a calib and a warp matrix."""
+  base = make_input(camera, 1, seed)
+  rng = np.random.default_rng([seed, 1])
+  n = frames
+  m_inv = np.repeat(dm_warp_matrix(int(camera.split("x")[0]))[None], n, 0)
+  m_inv[:, :2, 2] += rng.normal(0, 4, (n, 2)).astype(np.float32)
+  step = np.arange(n)
+  inputs: dict[str, np.ndarray] = {"pair": (step % DISTINCT_PAIRS).astype(np.int16), "which": ((step // DISTINCT_PAIRS) % 2).astype(np.int16),
+                                                          "calib": rng.normal(0, 0.05, (n, 3)).astype(np.float32), "m_inv": m_inv.astype(np.float32)}
+  return SmokeInput(base.pairs, inputs)
+
+
 def replay(state, inp: SmokeInput) -> Iterator[tuple[int, np.ndarray | None]]:
-  """(frame, raw outputs or None on a dropped frame) for each recorded frame, through `state` (a ModelState)."""
+  """(frame, raw outputs or None on a dropped frame) for each recorded frame, through `state` (a ModelState, or a
+  DMonitoringCore for a driver-monitoring artifact)."""
   x = inp.inputs
+  if isinstance(state, DMonitoringCore):
+    for i in range(inp.frames):
+      state.host["calib"][0], state.host["m_inv"][...] = x["calib"][i], x["m_inv"][i]
+      yield i, state.run(inp.pairs[int(x["pair"][i])][int(x["which"][i])])
+    return
   for i in range(inp.frames):
     road, wide = inp.pairs[int(x["pair"][i])]
     _, raw = state.run(road, wide, x["tfm"][i], x["big_tfm"][i], x["desire"][i], x["traffic_convention"][i], bool(x["prepare_only"][i]))
@@ -108,9 +133,10 @@ def record(artifact_dir: Path, out_dir: Path, frames: int = SMOKE_FRAMES, progre
   t0 = time.perf_counter()
   art = verify_artifact(artifact_dir, pubkey="")
   camera = f"{art.camera[0]}x{art.camera[1]}"
-  inp = make_input(camera, frames)
-  state = ModelState(art)
-  producer = _producer(state.device)
+  inp = make_dm_input(camera, frames) if art.kind == "dmonitoring" else make_input(camera, frames)
+  state = load_state(art)
+  from tinygrad import Device
+  producer = _producer(Device.DEFAULT)
   if art.device == "QCOM" and not producer["executes"]:
     raise UserError("internal error: the QCOM smoke expectation would come from an emulator that does not execute (level A); please report it")
   outs, idx = [], []
@@ -137,6 +163,11 @@ def record(artifact_dir: Path, out_dir: Path, frames: int = SMOKE_FRAMES, progre
     (out_dir / name).write_bytes(data)
   return {"files": {name: sha256_bytes(data) for name, data in files.items()}, "frames": inp.frames, "outputs": len(idx),
           "producer": producer, "bytes": sum(len(d) for d in files.values()), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def load_state(art):
+  """What runs the artifact the way its process does: ModelState (modeld) or DMonitoringCore (dmonitoringmodeld)."""
+  return DMonitoringCore(art) if art.kind == "dmonitoring" else ModelState(art)
 
 
 def _producer(device: str) -> dict[str, Any]:
@@ -183,7 +214,10 @@ class SmokeResult:
 
 
 def output_name(art, index: int) -> str:
-  """The named output slice that raw index `index` (vision ++ policy) falls in, e.g. "policy 'plan'[37]"."""
+  """The named output slice that raw index `index` (vision ++ policy, or the DM model's) falls in, e.g. "policy 'plan'[37]"."""
+  if art.kind == "dmonitoring":
+    return next((f"dmonitoring '{name}'[{index - sl.start}]" for name, sl in art.output_slices("dmonitoring").items()
+                 if sl.start <= index < sl.stop), f"dmonitoring output [{index}] (in no named slice)")
   widths = {k: int(sum(int(np.prod(s)) for s in art.meta["models"][k]["output_shapes"].values())) for k in ("vision", "policy")}
   kind, j = ("vision", index) if index < widths["vision"] else ("policy", index - widths["vision"])
   for name, sl in sorted(art.output_slices(kind).items(), key=lambda kv: kv[1].start):
@@ -206,7 +240,7 @@ def check(art, smoke_dir: Path, frames: int | None = None, tolerance: tuple[floa
   rtol, atol = tolerance or (meta["tolerance"]["rtol"], meta["tolerance"]["atol"])
   n = min(frames or inp.frames, inp.frames)
   t0 = time.perf_counter()
-  state = ModelState(art)
+  state = load_state(art)
   res = SmokeResult(camera, True, load_s=time.perf_counter() - t0, frame_ms=[], target=os.environ.get("MODELD_DEV") or art.meta["load_target"])
   t1 = time.perf_counter()
   last = t1

@@ -124,3 +124,19 @@ def model_transforms(rpy_calib, device_type: str, sensor: str, main_wide: bool) 
   main = get_warp_matrix(rpy_calib, (dc.ecam if main_wide else dc.fcam).intrinsics, False)
   extra = get_warp_matrix(rpy_calib, dc.ecam.intrinsics, True)
   return main.astype(np.float32), extra.astype(np.float32)
+
+
+# driver monitoring: the driver camera warped to a 1440x960 image with the ar0231 fisheye's focal length, centred on
+# the camera's centre less the rows the 1208-high sensor has beyond 960 (openpilot's DM contract)
+DM_INPUT_SIZE = (1440, 960)
+dm_intrinsics = np.array([[567.0, 0.0, DM_INPUT_SIZE[0] / 2],
+                          [0.0, 567.0, DM_INPUT_SIZE[1] / 2 - (1208 - DM_INPUT_SIZE[1]) / 2],
+                          [0.0, 0.0, 1.0]])
+
+
+def dm_warp_matrix(width: int) -> np.ndarray:
+  """camera_from_dm (3x3 float32), the matrix the DM warp samples with: inv(K_dm @ inv(K_cam)) for the driver camera of a
+  frame `width` wide (1344: the mici's os04c10 fisheye, any other: the ar0231/ox03c10 fisheye), as dmonitoringmodeld
+  computes it from its first frame."""
+  cam = _os_fisheye if width == _os_fisheye.width else _ar_ox_fisheye
+  return np.linalg.inv(dm_intrinsics @ np.linalg.inv(cam.intrinsics)).astype(np.float32)

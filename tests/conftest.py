@@ -141,6 +141,23 @@ def cpu_artifact_1344(tiny_models, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def dm_model(tmp_path_factory) -> Path:
+  """dmonitoring_model.onnx, `tiny` size, seed 0."""
+  from compile.dm_refmodel import write_dm_model
+  return write_dm_model(tmp_path_factory.mktemp("dm_model"), "tiny", 0).path
+
+
+@pytest.fixture(scope="session")
+def dm_cpu_artifact(dm_model, tmp_path_factory) -> Path:
+  """CPU driver-monitoring artifact of the tiny DM model for 1928x1208, built in-process (compile.dm_build)."""
+  from compile.dm_build import compile_dm_artifact
+  out = tmp_path_factory.mktemp("dm_cpu_artifact") / "artifact"
+  report = compile_dm_artifact(dm_model, (1928, 1208), "CPU", out, log=lambda *_: None)
+  (out.parent / "compile.log").write_text(report.table())
+  return out
+
+
+@pytest.fixture(scope="session")
 def qcom_artifact(tiny_models, tmp_path_factory, cli) -> Path:
   """QCOM artifact of the tiny models for 1928x1208, compiled through the CLI in a subprocess (log kept beside it).
 

@@ -58,6 +58,7 @@ def test_the_hiding_works(car_python):
 def test_the_car_commands_need_no_extra(car_python, cpu_artifact_1928):
   for args in (["-m", "cli.main", "verify", str(cpu_artifact_1928)], ["-m", "cli.main", "doctor", "--emu", "--rounds", "2"],
                ["-m", "cli.main", "serve", "--help"], ["-m", "modeld_msm.modeld", "--help"], ["-m", "cli.main", "install", "--help"],
+               ["-m", "modeld_msm.dmonitoringmodeld", "--help"], ["-m", "cli.main", "serve-dm", "--help"],
                ["-m", "cli.main", "smoke", "--help"]):
     r = car_python(*args)
     assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stdout[-2000:], r.stderr[-2000:])

@@ -2,10 +2,12 @@
 record their arguments, a process_config.py with a `procs` list, an `openpilot -> .` link as in openpilot's root, and a
 `tinygrad` package there that fails on import (openpilot's vendored tinygrad sits at that path and must not be what
 our modeld imports). Bundles are fabricated (manifest-valid artifacts with placeholder pickles): install verifies, it
-never unpickles, so no compile is needed here."""
+never unpickles, so no compile is needed here. A bundle with driver-monitoring artifacts lists them under "dmonitoring"
+in bundle.json (fabricated the same way, in dmonitoring/<camera>/); installing one replaces dmonitoringmodeld too."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
-from release.install import INSTALL_REL, PROCESS_CONFIG, install, uninstall
+from release.install import INSTALL_REL, PROCESS_CONFIG, install, launcher_text, source_root, uninstall
 from selfdrive_glue.errors import UserError
 
 PROCESS_PY = '''\
@@ -38,6 +40,16 @@ class DaemonProcess(_Proc):
 '''
 
 STOCK_ENTRY = 'PythonProcess("modeld", "selfdrive.modeld.modeld", only_onroad)'
+MASTER_ENTRY = 'PythonProcess("modeld", "openpilot.selfdrive.modeld.modeld", only_onroad)'
+# openpilot's dmonitoringmodeld entry: 0.10/0.11, master (module with the `openpilot.` prefix), and the very old native one
+DM_STOCK = 'PythonProcess("dmonitoringmodeld", "selfdrive.modeld.dmonitoringmodeld", driverview, enabled=(WEBCAM or not PC))'
+DM_MASTER = 'PythonProcess("dmonitoringmodeld", "openpilot.selfdrive.modeld.dmonitoringmodeld", driverview, enabled=(WEBCAM or not PC))'
+DM_NATIVE = 'NativeProcess("dmonitoringmodeld", "selfdrive/modeld", ["./dmonitoringmodeld"], driverview)'
+OUR_DM = f'NativeProcess("dmonitoringmodeld", "{INSTALL_REL}", ["./dmonitoringmodeld"], driverview, enabled=(WEBCAM or not PC))'
+OUR_MODELD = f'NativeProcess("modeld", "{INSTALL_REL}", ["./modeld"], only_onroad)'
+
+needs_dm_module = pytest.mark.skipif(importlib.util.find_spec("modeld_msm.dmonitoringmodeld") is None,
+                                     reason="modeld_msm.dmonitoringmodeld is not written yet: installing driver monitoring imports it")
 
 
 def table(entries: list[str], header: str = "") -> str:
@@ -47,9 +59,13 @@ def table(entries: list[str], header: str = "") -> str:
 from openpilot.system.manager.process import PythonProcess, NativeProcess, DaemonProcess
 {header}
 PC = os.getenv("TEST_PC") is not None
+WEBCAM = os.getenv("TEST_WEBCAM") is not None
 
 def only_onroad(started, params, CP):
   return started
+
+def driverview(started, params, CP):
+  return started or params.get_bool("IsDriverViewEnabled")
 
 def always_run(started, params, CP):
   return True
@@ -58,6 +74,7 @@ procs = [
   DaemonProcess("manage_athenad", "system.athena.manage_athenad", "AthenadPid"),
   NativeProcess("camerad", "system/camerad", ["./camerad"], always_run),
 {body}  PythonProcess("plannerd", "selfdrive.controls.plannerd", only_onroad),
+  PythonProcess("dmonitoringd", "selfdrive.monitoring.dmonitoringd", driverview, enabled=(WEBCAM or not PC)),
 ]
 
 managed_processes = {{p.name: p for p in procs}}
@@ -67,22 +84,31 @@ managed_processes = {{p.name: p for p in procs}}
 def make_openpilot(root: Path, entries: list[str] | None = None) -> Path:
   (root / "system/manager").mkdir(parents=True)
   (root / "system/manager/process.py").write_text(PROCESS_PY)
-  (root / PROCESS_CONFIG).write_text(table([STOCK_ENTRY] if entries is None else entries))
+  (root / PROCESS_CONFIG).write_text(table([STOCK_ENTRY, DM_STOCK] if entries is None else entries))
   (root / "openpilot").symlink_to(".")
   (root / "tinygrad").mkdir()
   (root / "tinygrad/__init__.py").write_text("raise ImportError('openpilot vendored tinygrad imported by modeld-msm')\n")
   return root
 
 
-def make_bundle(d: Path, device: str = "QCOM", cameras=("1928x1208", "1344x760"), tag: bytes = b"") -> Path:
+DM_PKL = "dmonitoring_model.pkl"   # artifact.format.PROGRAMS["dmonitoring"]
+
+
+def make_bundle(d: Path, device: str = "QCOM", cameras=("1928x1208", "1344x760"), tag: bytes = b"", dm=()) -> Path:
+  """A bundle of `cameras`, with driver-monitoring artifacts (kind "dmonitoring", in dmonitoring/<camera>/) for the
+  cameras `dm` (none by default)."""
   from artifact.format import POLICY_PKL, WARP_PKL, installed_versions, write_artifact
-  for cam in cameras:
+  for cam, sub, extra, programs in [(c, "", {}, {POLICY_PKL: b"policy placeholder" + tag, WARP_PKL: b"warp placeholder"}) for c in cameras] + \
+                                   [(c, "dmonitoring/", {"kind": "dmonitoring"}, {DM_PKL: b"dm placeholder" + tag}) for c in dm]:
     w, h = map(int, cam.split("x"))
     target = "QCOM:IR3" if device == "QCOM" else "CPU"
     meta = {"camera": {"width": w, "height": h}, "device": device, "target": target, "load_target": target, "versions": installed_versions(),
-            "models": {}}
-    write_artifact(d / cam, {POLICY_PKL: b"policy placeholder" + tag, WARP_PKL: b"warp placeholder"}, meta)
-  (d / "bundle.json").write_text(json.dumps({"device": device, "artifacts": {c: {"target": "x", "checks": []} for c in cameras}}))
+            "models": {}, **extra}
+    write_artifact(d / sub / cam, programs, meta)
+  index = {"device": device, "artifacts": {c: {"target": "x", "checks": []} for c in cameras}}
+  if dm:
+    index["dmonitoring"] = {c: {"target": "x", "checks": []} for c in dm}
+  (d / "bundle.json").write_text(json.dumps(index))
   return d
 
 
@@ -97,14 +123,15 @@ def tree_state(root: Path) -> dict[str, str]:
   return out
 
 
-def load_table(root: Path) -> dict:
-  """Import the (edited) process table as openpilot's manager would, in a fresh interpreter with the checkout on PYTHONPATH."""
-  code = ("import json; from openpilot.system.manager.process_config import managed_processes as m, only_onroad; "
+def load_table(root: Path, **env: str) -> dict:
+  """Import the (edited) process table as openpilot's manager would, in a fresh interpreter with the checkout on PYTHONPATH:
+  name -> [class, [cwd, cmdline] or [name, module], should_run's function name, enabled]."""
+  code = ("import json; from openpilot.system.manager.process_config import managed_processes as m; "
           "what = lambda p: [p.cwd, p.cmdline] if hasattr(p, 'cwd') else [p.name, getattr(p, 'module', p.args[0])]; "
-          "print(json.dumps({n: [type(p).__name__, what(p), getattr(p, 'should_run', None) is only_onroad, p.kw.get('enabled', True)] "
-          "for n, p in m.items()}))")
-  r = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"},
-                     capture_output=True, text=True, timeout=60)
+          "print(json.dumps({n: [type(p).__name__, what(p), getattr(getattr(p, 'should_run', None), '__name__', None), "
+          "p.kw.get('enabled', True)] for n, p in m.items()}))")
+  r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                     env={**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", **env})
   assert r.returncode == 0, r.stderr
   return json.loads(r.stdout)
 
@@ -129,15 +156,19 @@ def test_install_runs_our_modeld_and_uninstall_restores_exactly(op, bundle):
   assert install(op, bundle, log=quiet) == "installed"
 
   procs = load_table(op)
-  assert procs["modeld"] == ["NativeProcess", [INSTALL_REL, ["./modeld"]], True, True]   # should_run kept: only_onroad
-  assert procs["plannerd"] == ["PythonProcess", ["plannerd", "selfdrive.controls.plannerd"], True, True]   # others untouched
-  assert procs["camerad"][0] == "NativeProcess" and len(procs) == 4
+  assert procs["modeld"] == ["NativeProcess", [INSTALL_REL, ["./modeld"]], "only_onroad", True]   # should_run kept
+  assert procs["plannerd"] == ["PythonProcess", ["plannerd", "selfdrive.controls.plannerd"], "only_onroad", True]   # others untouched
+  # a bundle without driver-monitoring artifacts: openpilot's dmonitoringmodeld stays
+  assert procs["dmonitoringmodeld"] == ["PythonProcess", ["dmonitoringmodeld", "selfdrive.modeld.dmonitoringmodeld"], "driverview", True]
+  assert procs["camerad"][0] == "NativeProcess" and len(procs) == 6
   d = op / INSTALL_REL
   state = json.loads((d / "install.json").read_text())
   assert state["process_config"]["stock_entry"] == STOCK_ENTRY and state["bundle"]["cameras"] == ["1928x1208", "1344x760"]
   assert (d / "process_config.py.orig").read_bytes() == stock
   assert (d / "artifacts/1928x1208/manifest.json").read_bytes() == (bundle / "1928x1208/manifest.json").read_bytes()
   assert "-m modeld_msm.modeld" in (d / "modeld").read_text() and os.access(d / "modeld", os.X_OK)
+  assert list(state["process_config"]["replaced"]) == ["modeld"] and state["bundle"]["dmonitoring"] == []
+  assert not (d / "dmonitoringmodeld").exists()
 
   # what the manager's nativelauncher does: chdir to cwd, exec cmdline, with openpilot's PYTHONPATH (whose tinygrad fails)
   r = subprocess.run(["./modeld", "--help"], cwd=op / procs["modeld"][1][0], capture_output=True, text=True, timeout=120,
@@ -181,7 +212,7 @@ def test_native_entry_keeps_should_run_and_keywords(tmp_path, bundle):
   install(op, bundle, log=quiet)
   text = (op / PROCESS_CONFIG).read_text()
   assert f'NativeProcess("modeld", "{INSTALL_REL}", ["./modeld"], only_onroad, enabled=not PC)' in text
-  assert load_table(op)["modeld"] == ["NativeProcess", [INSTALL_REL, ["./modeld"]], True, True]
+  assert load_table(op)["modeld"] == ["NativeProcess", [INSTALL_REL, ["./modeld"]], "only_onroad", True]
   uninstall(op, log=quiet)
   assert (op / PROCESS_CONFIG).read_bytes() == stock and (op / "third_party").is_dir()
 
@@ -275,3 +306,245 @@ def test_pubkey_is_checked_now_and_installed_for_every_start(op, bundle, tmp_pat
   assert install(op, bundle, log=quiet) == "unchanged"   # without --pubkey the installed key stays (tests/test_bad_input_install.py)
   assert install(op, bundle, drop_pubkey=True, log=quiet) == "updated"   # dropped only when asked by name: the launcher changes
   assert "MODELD_PUBKEY" not in (d / "modeld").read_text() and not (d / "modeld-msm.pub").exists()
+
+
+# ---- driver monitoring: a bundle with "dmonitoring" artifacts replaces dmonitoringmodeld too ----
+
+DM_CAMS = ("1928x1208", "1344x760")
+
+
+def dm_bundle(d: Path, tag: bytes = b"") -> Path:
+  return make_bundle(d, dm=DM_CAMS, tag=tag)
+
+
+def put_back(op: Path, ours: str, stock: str) -> None:
+  """What a user does by hand: our entry (and the comment install put above it) back to the stock one."""
+  t = op / PROCESS_CONFIG
+  lines = t.read_text().splitlines(keepends=True)
+  i = next(i for i, line in enumerate(lines) if line.strip() == f"{ours},")
+  assert lines[i - 1].lstrip().startswith("# modeld-msm:")
+  lines[i - 1:i + 1] = [f"  {stock},\n"]
+  t.write_text("".join(lines))
+
+
+@needs_dm_module
+@pytest.mark.parametrize("modeld, dm", [(STOCK_ENTRY, DM_STOCK), (MASTER_ENTRY, DM_MASTER), (STOCK_ENTRY, DM_NATIVE)],
+                         ids=["0.11", "master", "old-native"])
+def test_install_with_driver_monitoring_runs_both_and_uninstall_restores_exactly(tmp_path, modeld, dm):
+  op = make_openpilot(tmp_path / "op", [modeld, dm])
+  bundle = dm_bundle(tmp_path / "bundle")
+  before, stock = tree_state(op), (op / PROCESS_CONFIG).read_bytes()
+  log: list[str] = []
+  assert install(op, bundle, log=log.append) == "installed"
+
+  text = (op / PROCESS_CONFIG).read_text()
+  our_dm = OUR_DM if "enabled" in dm else f'NativeProcess("dmonitoringmodeld", "{INSTALL_REL}", ["./dmonitoringmodeld"], driverview)'
+  assert f"  {OUR_MODELD},\n" in text and f"  {our_dm},\n" in text and modeld not in text and dm not in text
+  for env, enabled in (({}, True), ({"TEST_PC": "1"}, "enabled" not in dm), ({"TEST_PC": "1", "TEST_WEBCAM": "1"}, True)):
+    procs = load_table(op, **env)
+    assert procs["modeld"] == ["NativeProcess", [INSTALL_REL, ["./modeld"]], "only_onroad", True]
+    assert procs["dmonitoringmodeld"] == ["NativeProcess", [INSTALL_REL, ["./dmonitoringmodeld"]], "driverview", enabled], env
+    assert procs["plannerd"][0] == "PythonProcess" and len(procs) == 6
+    assert procs["dmonitoringd"] == ["PythonProcess", ["dmonitoringd", "selfdrive.monitoring.dmonitoringd"], "driverview",
+                                     "TEST_WEBCAM" in env or "TEST_PC" not in env]   # not ours: untouched
+  d = op / INSTALL_REL
+  state = json.loads((d / "install.json").read_text())
+  replaced = state["process_config"]["replaced"]
+  assert {n: r["stock_entry"] for n, r in replaced.items()} == {"modeld": modeld, "dmonitoringmodeld": dm}
+  assert replaced["dmonitoringmodeld"]["entry"] == our_dm and state["process_config"]["stock_entry"] == modeld
+  assert state["bundle"]["dmonitoring"] == list(DM_CAMS) and (d / "process_config.py.orig").read_bytes() == stock
+  assert (d / "artifacts/dmonitoring/1344x760/manifest.json").read_bytes() == (bundle / "dmonitoring/1344x760/manifest.json").read_bytes()
+  assert f"{d / 'dmonitoringmodeld'} (python -m modeld_msm.dmonitoringmodeld) as dmonitoringmodeld" in log[-1]
+
+  # the DM launcher as the manager's nativelauncher runs it, with openpilot's PYTHONPATH (whose tinygrad fails)
+  launcher = d / "dmonitoringmodeld"
+  assert os.access(launcher, os.X_OK)
+  assert launcher.read_text() == (d / "modeld").read_text().replace("-m modeld_msm.modeld", "-m modeld_msm.dmonitoringmodeld")   # same env
+  env = {**os.environ, "PYTHONPATH": str(op)}
+  r = subprocess.run(["./dmonitoringmodeld", "--help"], cwd=op / INSTALL_REL, capture_output=True, text=True, timeout=120, env=env)
+  assert r.returncode == 0 and r.stdout.startswith("usage:") and "--artifact" in r.stdout, r.stdout + r.stderr
+  probe = d / "probe"
+  probe.write_text(launcher.read_text().replace('-m modeld_msm.dmonitoringmodeld "$@"', """-c 'import os, tinygrad, modeld_msm.dmonitoringmodeld as m
+print(tinygrad.__file__); print(os.environ["MODELD_ARTIFACT"]); print(m.__file__)'"""))
+  r = subprocess.run(["sh", "./probe"], cwd=d, capture_output=True, text=True, timeout=120, env=env)
+  assert r.returncode == 0, r.stderr
+  tinygrad_file, artifact, module = r.stdout.split()
+  assert not tinygrad_file.startswith(str(op)) and artifact == str(d / "artifacts") and module == str(REPO / "modeld_msm/dmonitoringmodeld.py")
+  probe.unlink()
+
+  assert install(op, bundle, log=quiet) == "unchanged"
+  log.clear()
+  assert uninstall(op, log=log.append) == "removed"
+  assert (op / PROCESS_CONFIG).read_bytes() == stock and tree_state(op) == before
+  assert "runs its stock modeld and dmonitoringmodeld again" in log[-1]
+
+
+def test_dm_launcher_execs_the_dm_module_with_the_bundle(tmp_path):
+  """The launcher text alone, run with an interpreter that shows what it was asked to run (needs no DM module)."""
+  shown = tmp_path / "shown"
+  fake = tmp_path / "python"
+  fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" "$PYTHONPATH" "$MODELD_ARTIFACT" "${{MODELD_PUBKEY-none}}" > {shown}\n')
+  fake.chmod(0o755)
+  d = tmp_path / "third_party/modeld_msm"
+  d.mkdir(parents=True)
+  (d / "dmonitoringmodeld").write_bytes(launcher_text(str(fake), source_root(), True, "dmonitoringmodeld"))
+  (d / "dmonitoringmodeld").chmod(0o755)
+  r = subprocess.run(["./dmonitoringmodeld", "--max-frames", "3"], cwd=d, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  assert shown.read_text().splitlines() == ["-m", "modeld_msm.dmonitoringmodeld", "--max-frames", "3", str(source_root()),
+                                            str(d / "artifacts"), str(d / "modeld-msm.pub")]
+
+
+def test_dry_run_shows_both_edits_and_changes_nothing(tmp_path):
+  op = make_openpilot(tmp_path / "op", [MASTER_ENTRY, DM_MASTER])
+  bundle = dm_bundle(tmp_path / "bundle")
+  before = tree_state(op)
+  r = run_cli("install", op, "--bundle", bundle, "--dry-run")
+  assert r.returncode == 0, r.stderr
+  d = op.resolve() / INSTALL_REL
+  assert f"-  {MASTER_ENTRY}," in r.stdout and f"+  {OUR_MODELD}," in r.stdout
+  assert f"-  {DM_MASTER}," in r.stdout and f"+  {OUR_DM}," in r.stdout
+  assert f"{d / 'modeld'} (exec " in r.stdout and f"{d / 'dmonitoringmodeld'} (exec " in r.stdout
+  assert "-m modeld_msm.dmonitoringmodeld)" in r.stdout and "driver monitoring: 1928x1208, 1344x760" in r.stdout
+  assert tree_state(op) == before
+
+
+def test_bundle_without_dm_leaves_the_dm_entry_stock_and_says_so(tmp_path, bundle):
+  op = make_openpilot(tmp_path / "op", [MASTER_ENTRY, DM_MASTER])
+  r = run_cli("install", op, "--bundle", bundle, "--dry-run")
+  assert r.returncode == 0 and "leave openpilot's dmonitoringmodeld as it is: this bundle has no driver-monitoring artifacts" in r.stdout
+  assert "dmonitoringmodeld (exec" not in r.stdout and f"-  {DM_MASTER}," not in r.stdout, r.stdout
+  log: list[str] = []
+  assert install(op, bundle, log=log.append) == "installed"
+  assert "dmonitoringmodeld is openpilot's own (the bundle has no driver-monitoring artifacts)" in log[-1]
+  assert f"  {DM_MASTER},\n" in (op / PROCESS_CONFIG).read_text() and not (op / INSTALL_REL / "dmonitoringmodeld").exists()
+  assert load_table(op)["dmonitoringmodeld"][0] == "PythonProcess"
+  # nor does a table without any dmonitoringmodeld stop a bundle without driver monitoring
+  bare = make_openpilot(tmp_path / "bare", [STOCK_ENTRY])
+  assert install(bare, bundle, log=quiet) == "installed" and uninstall(bare, log=quiet) == "removed"
+
+
+@pytest.mark.parametrize("entries, why", [
+  ([STOCK_ENTRY], 'expected exactly one "dmonitoringmodeld" process entry, found 0;'),
+  ([STOCK_ENTRY, DM_STOCK, DM_NATIVE], r'expected exactly one "dmonitoringmodeld" process entry, found 2 \(lines \d+, \d+\)'),
+], ids=["missing", "duplicate"])
+def test_dm_bundle_on_a_table_without_one_dm_entry_is_refused(tmp_path, entries, why):
+  op = make_openpilot(tmp_path / "op", entries)
+  bundle = dm_bundle(tmp_path / "bundle")
+  before = tree_state(op)
+  r = run_cli("install", op, "--bundle", bundle)
+  err = r.stderr.strip()
+  assert r.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+  assert "unknown process-table layout in system/manager/process_config.py" in err and "has driver-monitoring artifacts" in err
+  with pytest.raises(UserError, match=why):
+    install(op, bundle, log=quiet)
+  assert tree_state(op) == before
+
+
+def test_interpreter_check_imports_the_dm_module_only_with_dm(tmp_path):
+  """The check runs `python -c "import ..."` in the launchers' interpreter: an interpreter that logs its arguments shows
+  which modules. Without the DM module that install is refused, nothing written; with it, it goes through."""
+  calls = tmp_path / "calls"
+  python = tmp_path / "python"
+  python.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\nexec {sys.executable} "$@"\n')
+  python.chmod(0o755)
+  op = make_openpilot(tmp_path / "op")
+  install(op, make_bundle(tmp_path / "plain"), python=str(python), log=quiet)
+  assert calls.read_text().splitlines() == ["-c import backend, modeld_msm.modeld; backend.check_tinygrad()"]
+  calls.unlink()
+  before = tree_state(op)
+  try:
+    assert install(op, dm_bundle(tmp_path / "dm"), python=str(python), log=quiet) == "updated"
+  except UserError as e:
+    assert importlib.util.find_spec("modeld_msm.dmonitoringmodeld") is None
+    assert "cannot import modeld_msm.modeld and modeld_msm.dmonitoringmodeld" in str(e) and "named 'modeld_msm.dmonitoringmodeld'" in str(e)
+    assert tree_state(op) == before
+  assert calls.read_text().splitlines() == ["-c import backend, modeld_msm.modeld, modeld_msm.dmonitoringmodeld; backend.check_tinygrad()"]
+
+
+@needs_dm_module
+def test_bundles_with_and_without_dm_replace_each_other(op, tmp_path):
+  stock = (op / PROCESS_CONFIG).read_bytes()
+  d = op / INSTALL_REL
+  assert install(op, make_bundle(tmp_path / "plain"), log=quiet) == "installed"
+  only_modeld = (op / PROCESS_CONFIG).read_bytes()
+  assert install(op, dm_bundle(tmp_path / "dm"), log=quiet) == "updated"
+  both = (op / PROCESS_CONFIG).read_text()
+  assert f"  {OUR_MODELD},\n" in both and f"  {OUR_DM},\n" in both and (d / "dmonitoringmodeld").is_file()
+  assert list(json.loads((d / "install.json").read_text())["process_config"]["replaced"]) == ["modeld", "dmonitoringmodeld"]
+  assert (d / "process_config.py.orig").read_bytes() == stock
+  assert install(op, dm_bundle(tmp_path / "dm"), log=quiet) == "unchanged"
+  assert install(op, dm_bundle(tmp_path / "dm2", tag=b"v2"), log=quiet) == "updated" and (op / PROCESS_CONFIG).read_text() == both
+
+  log: list[str] = []
+  r = run_cli("install", op, "--bundle", make_bundle(tmp_path / "plain2", tag=b"v3"), "--dry-run")
+  assert r.returncode == 0 and "put openpilot's stock dmonitoringmodeld back" in r.stdout and f"-  {OUR_DM}," in r.stdout, r.stdout
+  assert install(op, make_bundle(tmp_path / "plain2", tag=b"v3"), log=log.append) == "updated"
+  assert (op / PROCESS_CONFIG).read_bytes() == only_modeld and not (d / "dmonitoringmodeld").exists()
+  assert "dmonitoringmodeld is openpilot's own" in log[-1]
+  assert list(json.loads((d / "install.json").read_text())["process_config"]["replaced"]) == ["modeld"]
+  assert uninstall(op, log=quiet) == "removed" and (op / PROCESS_CONFIG).read_bytes() == stock
+
+
+@needs_dm_module
+@pytest.mark.parametrize("back", ["dmonitoringmodeld", "modeld"])
+def test_one_entry_put_back_by_hand_is_named(op, tmp_path, back):
+  install(op, dm_bundle(tmp_path / "dm"), log=quiet)
+  ours, stock = (OUR_DM, DM_STOCK) if back == "dmonitoringmodeld" else (OUR_MODELD, STOCK_ENTRY)
+  still = "modeld" if back == "dmonitoringmodeld" else "dmonitoringmodeld"
+  put_back(op, ours, stock)
+  after = tree_state(op)
+  want = f"runs the stock {back} again while {still} still runs {INSTALL_REL}.*git -C .* checkout"
+  with pytest.raises(UserError, match=want):
+    install(op, dm_bundle(tmp_path / "dm"), log=quiet)
+  with pytest.raises(UserError, match=want):
+    uninstall(op, log=quiet)
+  assert tree_state(op) == after
+  put_back(op, OUR_MODELD if back == "dmonitoringmodeld" else OUR_DM, STOCK_ENTRY if back == "dmonitoringmodeld" else DM_STOCK)
+  with pytest.raises(UserError, match="runs the stock modeld and dmonitoringmodeld again .*run `modeld-msm uninstall"):
+    install(op, dm_bundle(tmp_path / "dm"), log=quiet)
+  assert uninstall(op, log=quiet) == "removed" and not (op / "third_party").exists()
+
+
+def test_our_dm_entry_without_install_json_is_refused(tmp_path, bundle):
+  op = make_openpilot(tmp_path / "op", [STOCK_ENTRY, OUR_DM])
+  before = tree_state(op)
+  with pytest.raises(UserError, match=f"already runs {INSTALL_REL} as dmonitoringmodeld but {INSTALL_REL}/install.json is gone"):
+    install(op, bundle, log=quiet)
+  with pytest.raises(UserError, match=f"runs {INSTALL_REL} as dmonitoringmodeld but there is no"):
+    uninstall(op, log=quiet)
+  assert tree_state(op) == before
+
+
+def test_install_json_from_before_driver_monitoring_still_works(op, bundle, tmp_path):
+  """STATE_FORMAT stays 1: an install.json without the DM fields (as modeld-msm wrote before) reads as modeld alone replaced."""
+  stock = (op / PROCESS_CONFIG).read_bytes()
+  install(op, bundle, log=quiet)
+  f = op / INSTALL_REL / "install.json"
+  state = json.loads(f.read_text())
+  del state["process_config"]["replaced"], state["bundle"]["dmonitoring"]
+  assert set(state["process_config"]) == {"path", "original_sha256", "installed_sha256", "stock_entry", "entry", "line"}
+  f.write_text(json.dumps(state, indent=1))
+  assert install(op, bundle, log=quiet) == "unchanged"
+  r = run_cli("uninstall", op, "--dry-run")
+  assert r.returncode == 0 and f"+  {STOCK_ENTRY}," in r.stdout and str(op.resolve() / INSTALL_REL / "modeld") in r.stdout, r.stdout + r.stderr
+  assert uninstall(op, log=quiet) == "removed"
+  assert (op / PROCESS_CONFIG).read_bytes() == stock and not (op / "third_party").exists()
+
+  install(op, bundle, log=quiet)   # and an old install.json under a bundle with driver monitoring: both replaced, then both undone
+  state = json.loads(f.read_text())
+  del state["process_config"]["replaced"], state["bundle"]["dmonitoring"]
+  f.write_text(json.dumps(state, indent=1))
+  if importlib.util.find_spec("modeld_msm.dmonitoringmodeld") is not None:
+    assert install(op, dm_bundle(tmp_path / "dm"), log=quiet) == "updated" and f"  {OUR_DM},\n" in (op / PROCESS_CONFIG).read_text()
+  assert uninstall(op, log=quiet) == "removed" and (op / PROCESS_CONFIG).read_bytes() == stock
+
+
+def test_bundle_with_a_malformed_dmonitoring_key_is_refused(op, tmp_path):
+  b = make_bundle(tmp_path / "b")
+  index = json.loads((b / "bundle.json").read_text())
+  (b / "bundle.json").write_text(json.dumps({**index, "dmonitoring": ["1928x1208"]}))
+  before = tree_state(op)
+  with pytest.raises(UserError, match="dmonitoring"):
+    install(op, b, log=quiet)
+  assert tree_state(op) == before

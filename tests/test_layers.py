@@ -136,7 +136,8 @@ NOT_ON_THE_CAR = ("cli", "bench", "release", "offcar", "compile", "onnx", "onnxr
                   "torch", "tinymesa", "av")
 
 
-@pytest.mark.parametrize("entry", ["modeld_msm.modeld", "modeld_msm.runner", "modeld_msm.model_state"])
+@pytest.mark.parametrize("entry", ["modeld_msm.modeld", "modeld_msm.dmonitoringmodeld", "modeld_msm.runner", "modeld_msm.model_state",
+                                   "modeld_msm.dm_core"])
 def test_the_car_runtime_loads_no_tool(entry):
   code = f"import json, sys; import {entry}; print(json.dumps(sorted(sys.modules)))"
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -29,7 +29,14 @@ SIZE_BITS = {"void": 0, "bool": 1, "int8": 8, "uint8": 8, "int16": 16, "uint16":
 
 # Event members of openpilot versions newer than a reference set: absent there, so not compared with it. @150 is in the
 # master set; @151 (driverMonitoringState v2, PR #37799) in none of them: tests/test_schema_dms_v2.py checks it.
-NEWER_THAN_REFERENCE = {"Event": {150, 151}}
+# DriverData @14/@15 arrived after the 0.11 set (the master set has them); plain fields like these make a struct larger.
+_DRIVER_DATA = [f"Event.driverStateV2@92.{side}DriverData@{n}" for side, n in (("left", 6), ("right", 7))]
+NEWER_THAN_REFERENCE = {"Event": {150, 151}, **{p: {14, 15} for p in _DRIVER_DATA}}
+# The same slot under another upstream name (ordinal, type and offset are still compared): the 0.11 set marks DriverData
+# @10-@12 with a DEPRECATED suffix; the master set names @14 eyesVisibleProb, renamed sleepProb upstream by PR #38049.
+# tests/test_schema_driver_state.py checks these fields' values against both sets.
+UPSTREAM_NAMES = {"occludedProb": {"occludedProbDEPRECATED"}, "readyProb": {"readyProbDEPRECATED"},
+                  "notReadyProb": {"notReadyProbDEPRECATED"}, "sleepProb": {"eyesVisibleProb"}}
 
 
 def _is_placeholder(f) -> bool:
@@ -57,8 +64,9 @@ def _check_layout(ours, ref, path, seen):
   o_fields, o_groups = _flat_fields(ours)
   r_fields, r_groups = _flat_fields(ref)
   assert ours.node.id != ref.node.id, f"{path}: struct id must differ from openpilot's"
-  assert ours.node.struct.dataWordCount <= ref.node.struct.dataWordCount, path
-  assert ours.node.struct.pointerCount <= ref.node.struct.pointerCount, path
+  if all(o_fields[k][0].discriminantValue != 0xFFFF for k in set(o_fields) - set(r_fields)):  # newer union members only
+    assert ours.node.struct.dataWordCount <= ref.node.struct.dataWordCount, path
+    assert ours.node.struct.pointerCount <= ref.node.struct.pointerCount, path
   for g, node in o_groups.items():
     if node.discriminantCount:
       assert g in r_groups, f"{path}{g}: union missing in reference"
@@ -77,7 +85,8 @@ def _check_layout(ours, ref, path, seen):
     checked += 1
     if _is_placeholder(f):
       continue
-    assert f.name == rf.name and ot == rt, f"{where}: named/typed {ot}, reference has {rf.name}:{rt}"
+    assert (f.name == rf.name or rf.name in UPSTREAM_NAMES.get(f.name, ())) and ot == rt, \
+      f"{where}: named/typed {ot}, reference has {rf.name}:{rt}"
     if f.slot.hadExplicitDefault or rf.slot.hadExplicitDefault:
       assert f.slot.defaultValue.to_dict() == rf.slot.defaultValue.to_dict(), f"{where}: default differs"
     if ot in ("struct", "enum", "list"):

@@ -1,14 +1,19 @@
-"""`modeld-msm compile`: build one verified artifact for a camera size and device."""
+"""`modeld-msm compile`: build one verified artifact for a camera size and device: the driving model (--vision + --policy)
+or the driver-monitoring model (--dmonitoring)."""
 from __future__ import annotations
 
 from artifact.format import disk_full_error
 from compile.build import compile_artifact
+from compile.dm_build import compile_dm_artifact
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import parse_camera
 
 
 def add_arguments(p) -> None:
-  p.add_argument("--vision", required=True, help="driving_vision.onnx")
-  p.add_argument("--policy", required=True, help="driving_policy.onnx")
+  p.add_argument("--vision", help="driving_vision.onnx (with --policy: the driving model, for modeld)")
+  p.add_argument("--policy", help="driving_policy.onnx")
+  p.add_argument("--dmonitoring", metavar="ONNX", help="dmonitoring_model.onnx: the driver-monitoring model, for dmonitoringmodeld (its own "
+                                                       "artifact: pass it without --vision/--policy)")
   p.add_argument("--camera", default="1928x1208", help="camera size: 1928x1208 (ar0231/ox03c10) or 1344x760 (os04c10)")
   p.add_argument("--device", default="CPU", help="CPU (off the car), CPU:LLVM (needs libLLVM >= 16), QCOM (Adreno 630, captured on the "
                                                  "emulated render node), or a workstation GPU for replay: CUDA, NV, AMD")
@@ -24,10 +29,24 @@ def add_arguments(p) -> None:
                       "default auto, or $MODELD_CPU_SEARCH")
 
 
+def _compile(args):
+  camera = parse_camera(args.camera)
+  if args.dmonitoring:
+    if args.vision or args.policy:
+      raise UserError("--dmonitoring builds an artifact of its own; compile the driving model (--vision/--policy) into another -o")
+    if args.search:
+      raise UserError("--search is the driving model's kernel search; the driver-monitoring compile has none")
+    return compile_dm_artifact(args.dmonitoring, camera, args.device, args.out, precision=args.precision, layout=args.layout)
+  if not (args.vision and args.policy):
+    raise UserError("pass the driving model as --vision driving_vision.onnx --policy driving_policy.onnx, "
+                    "or the driver-monitoring model as --dmonitoring dmonitoring_model.onnx")
+  return compile_artifact(args.vision, args.policy, camera, args.device, args.out, precision=args.precision, layout=args.layout,
+                          search=args.search)
+
+
 def run(args) -> int:
   try:
-    report = compile_artifact(args.vision, args.policy, parse_camera(args.camera), args.device, args.out, precision=args.precision,
-                              layout=args.layout, search=args.search)
+    report = _compile(args)
   except Exception as e:
     # a full disk can hit any write of the compile (tinygrad's kernel cache, temp model copies, the artifact): one clear line,
     # exit 2, instead of a traceback from wherever it struck; the artifact itself is written atomically (artifact/format.py)

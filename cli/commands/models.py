@@ -1,12 +1,14 @@
-"""`modeld-msm models`: write the reference driving_vision.onnx / driving_policy.onnx pair."""
+"""`modeld-msm models`: write reference models with openpilot's I/O contracts: the driving pair (driving_vision.onnx +
+driving_policy.onnx) or the driver-monitoring model (dmonitoring_model.onnx)."""
 from __future__ import annotations
 
-from compile.refmodels import write_models
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
 
 
 def add_arguments(parser) -> None:
+  parser.add_argument("--contract", choices=("driving", "dmonitoring"), default="driving",
+                      help="driving: 0.11's vision + policy pair (default); dmonitoring: the driver-monitoring model")
   parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: openpilot 0.11.1's budget")
   parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the two .onnx files into (created if missing)")
   parser.add_argument("--seed", type=integer(0), default=0, help="weight seed; the same seed writes identical bytes (default 0)")
@@ -15,6 +17,12 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
   if args.seed < 0:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
-  for kind, w in write_models(args.output, args.size, args.seed).items():
+  if args.contract == "dmonitoring":
+    from compile.dm_refmodel import write_dm_model
+    written = {"dmonitoring": write_dm_model(args.output, args.size, args.seed)}
+  else:
+    from compile.refmodels import write_models
+    written = write_models(args.output, args.size, args.seed)
+  for kind, w in written.items():
     print(f"{w.path}  {kind} {args.size} seed={args.seed}  {w.bytes / 1e6:.2f} MB  {w.macs / 1e6:.1f} M MACs  {w.params / 1e6:.2f} M params")
   return 0

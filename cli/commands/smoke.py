@@ -54,18 +54,22 @@ def run(args: argparse.Namespace) -> int:
       raise UserError(f"--emu runs a QCOM bundle on the emulated a630; {args.bundle} is a {device} bundle, run it without --emu")
     os.environ["MODELD_DEV"], os.environ["EMU_EXEC"] = "EMU+QCOM:IR3", "1"   # read when the device opens
   b = verify_bundle(args.bundle, cameras=args.camera, pubkey=args.pubkey)
-  print(f"[smoke] bundle {b.path}: {b.device}, cameras {', '.join(b.artifacts)}")
+  print(f"[smoke] bundle {b.path}: {b.device}, cameras {', '.join(b.artifacts)}"
+        + (f"; driver monitoring {', '.join(b.dm_artifacts)}" if b.dm_artifacts else ""))
   if not args.skip_doctor and not _doctor(b.device, args.emu):
     print("verdict: FAIL (doctor found a problem above; fix it before trusting this device's outputs)")
     return 1
   results = []
-  for cam, art in b.artifacts.items():
-    res = smoke.check(art, b.smoke_dir(cam), frames=args.frames, progress=_Progress(cam))
+  jobs = [("driving", cam, art) for cam, art in b.artifacts.items()] + [("dmonitoring", cam, art) for cam, art in b.dm_artifacts.items()]
+  for kind, cam, art in jobs:
+    label = cam if kind == "driving" else f"dmonitoring {cam}"
+    res = smoke.check(art, b.smoke_dir(cam, kind), frames=args.frames, progress=_Progress(label))
+    res.camera = label
     print(f"[smoke] {res.line()}")
     results.append(res)
   failed = [r.camera for r in results if not r.ok]
   print(f"verdict: {'FAIL (' + ', '.join(failed) + ')' if failed else 'PASS'}: "
-        f"{len(results) - len(failed)} of {len(results)} camera size(s) match the outputs recorded at build time")
+        f"{len(results) - len(failed)} of {len(results)} artifact(s) match the outputs recorded at build time")
   return 1 if failed else 0
 
 

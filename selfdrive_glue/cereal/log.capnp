@@ -102,7 +102,7 @@ struct Event {
     qRoadEncodeData @89 :AnyPointer;
     qRoadEncodeIdx @90 :AnyPointer;
     gnssMeasurements @91 :AnyPointer;
-    driverStateV2 @92 :AnyPointer;
+    driverStateV2 @92 :DriverStateV2;
     userBookmark @93 :AnyPointer;
     liveTorqueParameters @94 :AnyPointer;
     magnetometer @95 :AnyPointer;
@@ -391,6 +391,40 @@ struct DriverMonitoringStateV2 {
   unused5 @5 :UInt16;
   unused6 @6 :UInt16;
   isRHD @7 :Bool;
+}
+
+# The driver monitoring model's output (dmonitoringmodeld), one per driver camera frame; dmonitoringd reads it.
+struct DriverStateV2 {
+  frameId @0 :UInt32;
+  modelExecutionTime @1 :Float32;
+  unused2 @2 :Float32;
+  rawPredictions @3 :Data;
+  unused4 @4 :Float32;
+  wheelOnRightProb @5 :Float32;
+  leftDriverData @6 :DriverData;
+  rightDriverData @7 :DriverData;
+  gpuExecutionTime @8 :Float32;
+  struct DriverData {
+    faceOrientation @0 :List(Float32);
+    faceOrientationStd @1 :List(Float32);
+    facePosition @2 :List(Float32);
+    facePositionStd @3 :List(Float32);
+    faceProb @4 :Float32;
+    leftEyeProb @5 :Float32;
+    rightEyeProb @6 :Float32;
+    leftBlinkProb @7 :Float32;
+    rightBlinkProb @8 :Float32;
+    sunglassesProb @9 :Float32;
+    occludedProb @10 :Float32;
+    readyProb @11 :List(Float32);
+    notReadyProb @12 :List(Float32);
+    phoneProb @13 :Float32;
+    # Named as dmonitoringmodeld fills it since openpilot PR #38049 (May 2026). The stored master reference predates
+    # that and calls this same Float32 slot eyesVisibleProb (the 0.11 set has no @14), so the bytes are unchanged.
+    sleepProb @14 :Float32;
+    eyesClosedProb @15 :Float32;
+  }
+
 }
 
 struct LiveDelayData {

@@ -1,0 +1,116 @@
+"""One frame step of dmonitoringmodeld, shared by `serve-dm` (live) and replay: calibration + driver frame in,
+driverStateV2 out. Like ModeldCore it never touches sockets or clocks of its own.
+
+As openpilot's: calib is rpyCalib of the newest liveCalibration (zeros until the first), the warp matrix is the driver
+camera's (from the frame width), every frame is run (no frame skip), and driverStateV2 goes out with valid=True.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from artifact.format import VerifiedArtifact, verify_artifact
+from artifact.load import load_programs
+from modeld_msm.constants import SEND_RAW_PRED
+from modeld_msm.dm_outputs import fill_driver_state, parse_dm_outputs
+from modeld_msm.frame_tensors import FrameTensors
+from modeld_msm.frames import Frame
+from modeld_msm.host_inputs import dm_host_inputs
+from selfdrive_glue import messaging
+from selfdrive_glue.camera import dm_warp_matrix
+from selfdrive_glue.nv12 import nv12_info
+
+log = logging.getLogger("dmonitoringmodeld")
+
+SUBSCRIBED = ("liveCalibration",)
+PUBLISHED = ("driverStateV2",)
+
+
+@dataclass
+class DMStats:
+  frames: int = 0
+  published: int = 0
+  dropped_steps: int = 0      # frames that could not be run (a bad buffer): nothing published for them
+  nonfinite_steps: int = 0
+  bad_inputs: int = 0
+  last_model_s: float = 0.0
+
+
+class DMonitoringCore:
+  def __init__(self, artifact: str | Path | VerifiedArtifact, clock: Callable[[], float] | None = None, device: str | None = None,
+               camera: tuple[int, int] | None = None):
+    self.artifact = artifact if isinstance(artifact, VerifiedArtifact) else verify_artifact(artifact, device=device, camera=camera,
+                                                                                             kind="dmonitoring")
+    (self.jit,) = load_programs(self.artifact)
+    from tinygrad import Device
+    self.camera = self.artifact.camera
+    self.frames = FrameTensors(Device.DEFAULT, nv12_info(*self.camera))
+    self.slices = self.artifact.output_slices("dmonitoring")
+    self.host, self.host_t = dm_host_inputs()
+    self.clock = clock or time.perf_counter
+    self.reset()
+
+  def reset(self) -> None:
+    """Forget calibration and counters (the program keeps no state between frames): the next step is a first step."""
+    self.host["m_inv"][...] = dm_warp_matrix(self.camera[0])
+    self.host["calib"][...] = 0
+    self.stats = DMStats()
+    self._calib_error: str | None = None
+    self._nonfinite_burst = False
+
+  def switch_main(self, main_wide: bool) -> None:
+    pass   # one camera: nothing to switch
+
+  def on_message(self, evt) -> None:
+    if (which := evt.which()) in SUBSCRIBED:
+      self.on_member(which, getattr(evt, which))
+
+  def on_member(self, which: str, msg) -> None:
+    if which != "liveCalibration":
+      return
+    try:
+      rpy = np.array(list(msg.rpyCalib), dtype=np.float32)
+      if rpy.shape != (3,) or not np.isfinite(rpy).all():
+        raise ValueError(f"rpyCalib must be 3 finite values, got {list(rpy)}")
+      self.host["calib"][0] = rpy
+      self._calib_error = None
+    except Exception as e:   # a bad calibration message must not stop the process: keep the last calib
+      self.stats.bad_inputs += 1
+      if str(e) != self._calib_error:
+        log.error("ignoring liveCalibration: %s", e)
+        self._calib_error = str(e)
+
+  def run(self, buf: np.ndarray) -> np.ndarray:
+    """The raw output vector (float32) for one driver-camera buffer under the current calib and warp matrix."""
+    frame = self.frames.get("driver", buf, upload=True)
+    return self.jit(frame, self.host_t["m_inv"], self.host_t["calib"]).numpy().reshape(-1)
+
+  def on_frame(self, main: Frame, extra: Frame | None = None, log_mono_time: int | None = None) -> list[tuple[str, bytes]]:
+    self.stats.frames += 1
+    t1 = self.clock()
+    try:
+      raw = self.run(main.buf)
+    except ValueError as e:
+      self.stats.dropped_steps += 1
+      self.stats.bad_inputs += 1
+      log.error("skipping driver frame %d: %s", main.frame_id, e)
+      return []
+    t2 = self.clock()
+    self.stats.last_model_s = t2 - t1
+    finite = bool(np.isfinite(raw).all())
+    if not finite:
+      self.stats.nonfinite_steps += 1
+      if not self._nonfinite_burst:
+        log.error("driver-monitoring output has NaN/inf at frame %d; publishing with valid=False until it clears", main.frame_id)
+    self._nonfinite_burst = not finite
+    msg = messaging.new_message("driverStateV2", valid=finite)
+    if log_mono_time is not None:
+      msg.logMonoTime = log_mono_time
+    fill_driver_state(msg, parse_dm_outputs(raw, self.slices), main.frame_id, t2 - t1, t2 - t1, raw if SEND_RAW_PRED else None)
+    self.stats.published += 1
+    return [("driverStateV2", msg.to_bytes())]
