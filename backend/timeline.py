@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 PEAK_FLOPS = 345.6e9
 EFFICIENCY = 0.37
@@ -215,7 +215,7 @@ def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us:
   while events:
     t, _, kind, data = heapq.heappop(events)
     if kind == "frame":
-      frame(t, data)
+      frame(t, cast(int, data))
     elif kind == "comp":
       submit(t, ("comp", compositor_us, t, data), COMPOSITOR_PRIO)
     elif kind == "gpu_done":
@@ -227,7 +227,7 @@ def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us:
         at(t + CPU_WAKE_US, "model_retired", (job[4], job[3]))
       push_ready(t)
     elif kind == "model_retired":
-      ci, last = data
+      ci, last = cast(tuple[int, bool], data)
       m = state[ci]
       m["inflight"] -= 1
       if last:
@@ -255,9 +255,9 @@ def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, com
   return simulate_shared([Client("model", tuple(program_us), policy)], seconds, compositor_us, seed, phase_us).models["model"]
 
 
-def sweep_shared(clients: list[Client], seconds: float = 20.0, phases: int = 10) -> SharedResult:
+def sweep_shared(clients: list[Client], seconds: float = 20.0, phases: int = 10, compositor_us: float = COMPOSITOR_US) -> SharedResult:
   """simulate_shared() over camera/vsync phases spread across one vsync period (the clocks drift against each other)."""
-  rs = [simulate_shared(clients, seconds, seed=i, phase_us=VSYNC_US * i / phases) for i in range(phases)]
+  rs = [simulate_shared(clients, seconds, compositor_us, seed=i, phase_us=VSYNC_US * i / phases) for i in range(phases)]
   models = {}
   for c in clients:
     per = [r.models[c.name] for r in rs]

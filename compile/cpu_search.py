@@ -35,7 +35,7 @@ TABLE = Path(__file__).with_name("cpu_search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (offcar/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
-TABLE_SHA256: str | None = "c5f30d6638ac6cad55337f38f1467f14e82ca11bb58995ed4bfcfb9b84c2e8ac"
+TABLE_SHA256: str | None = "26a146bc01867e1ca7430df3cc14d1972bcf7f24431e16455b074aa536198ffe"
 SEARCHES = ("auto", "off", "untuned")
 # which level's set to borrow where none is shipped for this CPU's: the nearest first
 ISA_PREFERENCE = ("avx2", "avx512", "neon", "base")

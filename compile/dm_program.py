@@ -13,8 +13,8 @@ from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 from tinygrad.nn.onnx import OnnxRunner
 
+from compile.dm_warp import warp_y
 from compile.onnx_model import OnnxModelInfo
-from compile.warp import warp_y
 from selfdrive_glue.camera import DM_INPUT_SIZE
 from selfdrive_glue.nv12 import NV12Info
 

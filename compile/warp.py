@@ -56,17 +56,3 @@ def warp_nv12_numpy(frame: np.ndarray, M: np.ndarray, info: NV12Info) -> np.ndar
   y = y_plane[sy, sx]
   ux, uy = _source_coords_np(M.astype(np.float32) * np.array(_UV_SCALE, np.float32), MODEL_W // 2, MODEL_H // 2, info.width // 2, info.height // 2)
   return np.stack([y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], uv[:, 0::2][uy, ux], uv[:, 1::2][uy, ux]])
-
-
-def warp_y(frame: Tensor, M: Tensor, info: NV12Info, out_w: int, out_h: int) -> Tensor:
-  """The driver-monitoring warp: the Y plane only, nearest neighbour, clamped to the edge row/column (openpilot 0.11's DM
-  warp), -> (out_h * out_w,) uint8 row-major. The row index steps by the stride, so the padding columns are never read."""
-  sx, sy = _sample_index(M, out_w, out_h, info.width, info.height)
-  return frame[(sy * info.stride + sx).flatten()]
-
-
-def warp_y_numpy(frame: np.ndarray, M: np.ndarray, info: NV12Info, out_w: int, out_h: int) -> np.ndarray:
-  """`warp_y` in numpy (float32 like the device's; the same caveat as warp_nv12_numpy)."""
-  y_plane = frame[:info.stride * info.y_height].reshape(info.y_height, info.stride)[:info.height, :info.width]
-  sx, sy = _source_coords_np(M, out_w, out_h, info.width, info.height)
-  return y_plane[sy, sx].reshape(-1)

@@ -1,9 +1,10 @@
 """`modeld-msm demo`: the whole pipeline on one box, as separate processes over our msgq + VisionIPC, like on the car.
 
   demo_camera (rendered road + wide frames, sensor services)  --VisionIPC/msgq-->  modeld  --msgq-->  listener (here)
+               (rendered driver camera)                     --VisionIPC/msgq-->  dmonitoringmodeld  --msgq-->
 
-Ends with a summary table, demo-out/summary.json and demo-out/plan.png. The renderer knows what it drew, so every
-modelV2 is also held to the truth of its frame (offcar/replay_accuracy.py): lane lines at 20 m in metres and
+Ends with a summary table, demo-out/summary.json and demo-out/plan.png (and dm.png: driverStateV2 against the cabin).
+The renderer knows what it drew, so every modelV2 is also held to the truth of its frame (offcar/replay_accuracy.py): lane lines at 20 m in metres and
 desiredCurvature against the curvature the ego path has at modeld's lateral action time. The models are the trained
 tiny stand-in by default (its outputs mean something), or random weights (`--random-weights`, plumbing only).
 """
@@ -26,13 +27,17 @@ import numpy as np
 from artifact.cpu_info import cpu_info
 from artifact.format import ArtifactError, installed_versions, verify_artifact
 from compile.build import compile_artifact
+from compile.dm_build import compile_dm_artifact
+from compile.dm_refmodel import write_dm_model
 from compile.precision import choose
 from compile.refmodels import write_models
 from modeld_msm.constants import X_IDXS
+from offcar import dm_accuracy
 from offcar.accuracy import CURVATURE_CORR_LIMIT, LANE_ERROR_DISTANCE, LANE_ERROR_LIMIT_M
 from offcar.demo_camera import LATERAL_DELAY, scene_time
 from offcar.replay_accuracy import TruthSource, evaluate, json_number, lane_lines_y, lat_action_t
 from selfdrive_glue import messaging
+from selfdrive_glue.cabin_render import CabinScene
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import replacing, write_atomic
 from selfdrive_glue.messaging import drain_sock_raw
@@ -50,6 +55,7 @@ class DemoOptions:
   device: str = "CPU"
   seed: int = 0
   random_weights: bool = False  # the random-weight reference models instead of the trained stand-in (tiny only has one)
+  dm: bool = True               # also the driver camera and dmonitoringmodeld
 
 
 def weights_name(opts: DemoOptions) -> str:
@@ -84,6 +90,28 @@ def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bo
     report = compile_artifact(models["vision"].path, models["policy"].path, parse_camera(camera), device, art, log=log)
     log(report.table())
     log(f"[{tag}] compiled in {time.perf_counter() - t:.1f}s")
+  return art
+
+
+def cached_dm_artifact(camera: str, device: str, log=print) -> Path:
+  """The tiny reference driver-monitoring model (random weights: no DM stand-in is trained yet) -> artifact, cached like
+  cached_artifact by the hash of everything that shapes it."""
+  with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
+    model = write_dm_model(td, "tiny", 0)
+    h = hashlib.sha256(model.path.read_bytes())
+    h.update(json.dumps([camera, device, installed_versions(), choose(device, "auto")[0], cpu_info().as_dict()]).encode())
+    for src in sorted((Path(__file__).resolve().parents[1] / "compile").glob("*.py")):
+      h.update(src.read_bytes())
+    art = CACHE / f"dm-artifact-tiny-random-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
+    try:
+      verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera), kind="dmonitoring")
+      log(f"[demo] using cached driver-monitoring artifact {art}")
+      return art
+    except ArtifactError:
+      pass
+    log(f"[demo] compiling the tiny driver-monitoring model for {camera} on {device} (cached afterwards)")
+    report = compile_dm_artifact(model.path, parse_camera(camera), device, art, log=log)
+    log(report.table())
   return art
 
 
@@ -139,21 +167,36 @@ def run_demo(opts: DemoOptions) -> dict:
   opts.out.mkdir(parents=True, exist_ok=True)
   size = "full" if opts.full else "tiny"
   art = cached_artifact(size, opts.camera, opts.device, stand_in=not opts.random_weights and size == "tiny")
+  dm_art = cached_dm_artifact(opts.camera, opts.device) if opts.dm else None
   prefix = f"demo{uuid.uuid4().hex[:8]}"
   env = dict(os.environ, OPENPILOT_PREFIX=prefix, PYTHONUNBUFFERED="1")
   os.environ["OPENPILOT_PREFIX"] = prefix  # the listener in this process uses the same namespace
   stats_file = opts.out / ".camera-stats.json"
-  logs = {n: open(opts.out / f"{n}.log", "w") for n in ("camera", "modeld")}
+  logs = {n: open(opts.out / f"{n}.log", "w") for n in ("camera", "modeld") + (("dmonitoringmodeld",) if opts.dm else ())}
   sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
   # counted on sockets of their own: SubMaster's are conflated (openpilot's semantics) and read one message of each other
   # service per modelV2, so one sent after that wake-up (a busy box) is skipped there, not lost
   tally = {s: messaging.sub_sock(s, conflate=False) for s in ("drivingModelData", "cameraOdometry")}
+  dm_sock = messaging.sub_sock("driverStateV2", conflate=False) if opts.dm else None
   modeld = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(art), "--demo"], env=env,
                             stdout=logs["modeld"], stderr=subprocess.STDOUT)
+  procs = [modeld]
+  if dm_art is not None:
+    procs.append(subprocess.Popen([sys.executable, "-m", "modeld_msm.dmonitoringmodeld", "--artifact", str(dm_art)], env=env,
+                                  stdout=logs["dmonitoringmodeld"], stderr=subprocess.STDOUT))
   camera = subprocess.Popen([sys.executable, "-m", "offcar.demo_camera", "--camera", opts.camera, "--seconds", str(opts.seconds),
-                             "--seed", str(opts.seed), "--stats", str(stats_file)], env=env, stdout=logs["camera"], stderr=subprocess.STDOUT)
+                             "--seed", str(opts.seed), "--stats", str(stats_file)] + (["--driver"] if opts.dm else []),
+                            env=env, stdout=logs["camera"], stderr=subprocess.STDOUT)
   trace = Trace()
-  counts = {"modelV2": 0, "drivingModelData": 0, "cameraOdometry": 0}
+  dm_preds: list[dm_accuracy.DMPrediction] = []
+  counts = {"modelV2": 0, "drivingModelData": 0, "cameraOdometry": 0} | ({"driverStateV2": 0} if opts.dm else {})
+
+  def drain_dm() -> None:
+    if dm_sock is not None:
+      for dat in drain_sock_raw(dm_sock):
+        counts["driverStateV2"] += 1
+        ds = messaging.log_from_bytes(dat).driverStateV2
+        dm_preds.append(dm_accuracy.prediction(ds, scene_time(ds.frameId)))
   rss_start = rss_end = None
   expected = int(opts.seconds * 20)
   t0 = time.monotonic()
@@ -164,6 +207,7 @@ def run_demo(opts: DemoOptions) -> dict:
       sm.update(100)
       counts["modelV2"] += sm.updated["modelV2"]
       _tally(tally, counts)
+      drain_dm()
       if sm.updated["modelV2"]:
         m = sm["modelV2"]
         _record(trace, m, time.monotonic() - t0, sm.valid["modelV2"])
@@ -181,18 +225,21 @@ def run_demo(opts: DemoOptions) -> dict:
             counts["modelV2"] += 1
             _record(trace, sm["modelV2"], time.monotonic() - t0, sm.valid["modelV2"])
             bar.update(1)
+          drain_dm()
         _tally(tally, counts)
+        drain_dm()
         break
-      if modeld.poll() is not None:
-        raise UserError(f"modeld exited early with code {modeld.returncode}; see {opts.out / 'modeld.log'}")
+      for p, name in zip(procs, ("modeld", "dmonitoringmodeld")):
+        if p.poll() is not None:
+          raise UserError(f"{name} exited early with code {p.returncode}; see {opts.out / (name + '.log')}")
       if time.monotonic() - t0 > opts.seconds + 600:
         raise UserError("demo timed out waiting for the camera process")
   finally:
     bar.close()
-    for p in (camera, modeld):
+    for p in (camera, *procs):
       if p.poll() is None:
         p.send_signal(signal.SIGINT)
-    for p in (camera, modeld):
+    for p in (camera, *procs):
       try:
         p.wait(10)
       except subprocess.TimeoutExpired:
@@ -203,9 +250,45 @@ def run_demo(opts: DemoOptions) -> dict:
   stats_file.unlink(missing_ok=True)
   truth = against_truth(trace, opts)
   summary = summarize(trace, counts, cam_stats, rss_start, rss_end, art, opts) | truth.summary
+  if opts.dm:
+    acc = dm_accuracy.evaluate(CabinScene(opts.seed, opts.camera), dm_preds)
+    summary |= {"dm_artifact": str(dm_art), "dm_weights": "random"} | {k: json_number(v) if isinstance(v, float) else v
+                                                                       for k, v in acc.summary().items()}
+    plot_dm(dm_preds, acc, opts.out / "dm.png")
   write_atomic(opts.out / "summary.json", json.dumps(summary, indent=1))
   plot(trace, opts.out / "plan.png", summary, truth.trace)
   return summary
+
+
+def plot_dm(preds: list[dm_accuracy.DMPrediction], acc: dm_accuracy.DMAccuracy, path: Path) -> None:
+  """driverStateV2 (solid) against the cabin's truth (dashed): face pitch/yaw, faceProb against a face being there, blinks."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+  t = np.array([p.t for p in preds])
+  tr = acc.truths
+  if len(t):
+    for i, (name, key) in enumerate((("pitch", "pitch"), ("yaw", "yaw"))):
+      line, = ax[0].plot(t, [np.degrees(p.orientation[i]) for p in preds], lw=1, label=name)
+      ax[0].plot(t, [np.degrees(getattr(x, key)) if x.face else np.nan for x in tr], "--", color=line.get_color(), lw=1)
+    ax[1].plot(t, [p.face_prob for p in preds], label="faceProb")
+    ax[1].plot(t, [float(x.face) for x in tr], "--", label="a face is there")
+    ax[2].plot(t, [p.blink_prob for p in preds], label="blink prob (mean of both eyes)")
+    ax[2].plot(t, [float(x.eyes_closed) for x in tr], "--", label="eyes closed")
+  ax[0].set_ylabel("degrees")
+  ax[0].set_title(f"face orientation vs truth (dashed): error p50 {_fmt(acc.face_orientation_err_deg_p50, '.1f')} deg", fontsize=9)
+  ax[1].set_title(f"faceProb: AUC {_fmt(acc.face_prob_auc, '.3f')}", fontsize=9)
+  ax[2].set_title(f"blinks: accuracy {_fmt(acc.blink_accuracy, '.3f')}", fontsize=9)
+  ax[2].set_xlabel("scene time (s)")
+  for a in ax:
+    a.legend(loc="upper right", fontsize=8)
+  fig.suptitle(f"modeld-msm demo: dmonitoringmodeld on the rendered cabin, {acc.frames} driverStateV2 (random-weight tiny model: "
+               "no DM stand-in is trained yet, so the numbers are the pipeline's, not a model's)", fontsize=9)
+  fig.tight_layout()
+  with replacing(path, ".png") as tmp:
+    fig.savefig(tmp, dpi=80)
+  plt.close(fig)
 
 
 @dataclass
@@ -310,5 +393,10 @@ def print_summary(s: dict) -> None:
            f"{_fmt(s['lane_error_m_p50'], '.3f')} / {_fmt(s['lane_error_m_p90'], '.3f')}  ({s['weights']} weights, {s['accuracy_frames']} frames)"),
           (f"desiredCurvature vs truth: r (limit {CURVATURE_CORR_LIMIT}) / MAE 1/m",
            f"{_fmt(s['curvature_corr'], '.3f')} / {_fmt(s['curvature_mae'], '.2e')}")]
+  if "dm_frames" in s:
+    rows += [("driverStateV2 received", s["published"]["driverStateV2"]),
+             ("face orientation error deg p50 / faceProb AUC / blink accuracy",
+              f"{_fmt(s['face_orientation_err_deg_p50'], '.1f')} / {_fmt(s['face_prob_auc'], '.3f')} / {_fmt(s['blink_accuracy'], '.3f')}"
+              f"  ({s['dm_weights']} weights)")]
   w = max(len(k) for k, _ in rows)
   print("\n" + "\n".join(f"  {k:{w}s}  {v}" for k, v in rows))

@@ -1,5 +1,6 @@
 """The demo's camera + sensor process: rendered road and wide frames over VisionIPC at 20 Hz, and the cereal services
-modeld subscribes to at their rates, all from one deterministic RoadScene (the renderer `synth` also uses)."""
+modeld subscribes to at their rates, all from one deterministic RoadScene (the renderer `synth` also uses); with
+`--driver`, the driver camera too (the cabin of selfdrive_glue/cabin_render.py, for dmonitoringmodeld)."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ import time
 
 from selfdrive_glue import messaging
 from selfdrive_glue import synth as S
+from selfdrive_glue.cabin_render import CabinScene
 from selfdrive_glue.files import write_atomic
 from selfdrive_glue.nv12 import nv12_info, parse_camera
 from selfdrive_glue.road_render import RoadScene
@@ -18,8 +20,8 @@ from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
 FRAME_NS = 50_000_000
 LATERAL_DELAY = 0.2  # s, the liveDelay.lateralDelay sent (what modeld's desiredCurvature is aimed by)
 N_BUFFERS = 6
-SENSOR_SERVICES = ["roadCameraState", "wideRoadCameraState", "carState", "carControl", "liveCalibration", "liveDelay",
-                   "deviceState", "driverMonitoringState"]
+SENSOR_SERVICES = ["roadCameraState", "wideRoadCameraState", "driverCameraState", "carState", "carControl", "liveCalibration",
+                   "liveDelay", "deviceState", "driverMonitoringState"]
 
 
 def scene_time(frame_id: int) -> float:
@@ -27,14 +29,15 @@ def scene_time(frame_id: int) -> float:
   return (frame_id - 1) * FRAME_NS / 1e9
 
 
-def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_ns: int = FRAME_NS) -> dict:
+def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_ns: int = FRAME_NS, driver: bool = False) -> dict:
   """period_ns: wall time between frames. The scene still advances FRAME_NS per frame id (slow motion when longer): a
   consumer slower than 20 Hz (the emulator executing the a630's code) sees every frame, as modeld would on the car."""
   w, h = parse_camera(camera)
   info = nv12_info(w, h)
   scene = RoadScene(seed, camera)
+  cabin = CabinScene(seed, camera) if driver else None
   vipc = VisionIpcServer(server)
-  for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD):
+  for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD) + ((VisionStreamType.DRIVER,) if driver else ()):
     vipc.create_buffers_with_sizes(st, N_BUFFERS, w, h, info.size, info.stride, info.uv_offset)
   vipc.start_listener()
   pm = messaging.PubMaster(SENSOR_SERVICES)
@@ -77,6 +80,11 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_
     sof = eof - S.READOUT_NS
     vipc.send_buf(road, i + 1, sof, eof)
     vipc.send_buf(wide, i + 1, sof, eof)
+    if cabin is not None:   # camerad's three sensors are synced: the same frame id and times
+      drv = vipc.get_buffer(VisionStreamType.DRIVER)
+      cabin.render_into(drv.data, t)
+      vipc.send_buf(drv, i + 1, sof, eof)
+      send("driverCameraState", S.fill_frame(sensor, i + 1, sof))
     send("roadCameraState", S.fill_frame(sensor, i + 1, sof))
     send("wideRoadCameraState", S.fill_frame(sensor, i + 1, sof))
     send("driverMonitoringState", S.fill_driver_monitoring)
@@ -100,11 +108,12 @@ def main() -> int:
   p.add_argument("--seconds", type=float, default=0)
   p.add_argument("--period-ms", type=float, default=FRAME_NS / 1e6, help="wall time between frames (default 50: 20 Hz)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--driver", action="store_true", help="also serve the driver camera (a rendered cabin)")
   p.add_argument("--stats", help="write a JSON summary here on exit")
   a = p.parse_args()
   if a.period_ms <= 0:
     p.error("--period-ms must be > 0")
-  stats = run(a.camera, a.seconds, a.seed, period_ns=int(a.period_ms * 1e6))
+  stats = run(a.camera, a.seconds, a.seed, period_ns=int(a.period_ms * 1e6), driver=a.driver)
   if a.stats:
     write_atomic(a.stats, json.dumps(stats))
   return 0

@@ -20,11 +20,12 @@ from typing import Any
 
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogReader
-from selfdrive_glue.route import ROAD_CAMERA, WIDE_CAMERA, Segment
+from selfdrive_glue.route import DRIVER_CAMERA, ROAD_CAMERA, WIDE_CAMERA, Segment
 from selfdrive_glue.video import VideoReader
 
 SENSOR_SIZES = {"ar0231": (1928, 1208), "ox03c10": (1928, 1208), "os04c10": (1344, 760)}
-STREAMS = (("road", "roadCameraState", "roadEncodeIdx", ROAD_CAMERA), ("wide", "wideRoadCameraState", "wideRoadEncodeIdx", WIDE_CAMERA))
+STREAMS = (("road", "roadCameraState", "roadEncodeIdx", ROAD_CAMERA), ("wide", "wideRoadCameraState", "wideRoadEncodeIdx", WIDE_CAMERA),
+           ("driver", "driverCameraState", "driverEncodeIdx", DRIVER_CAMERA))
 # an encode-index entry and its camera state carry the same start-of-frame time (encoderd copies camerad's frame metadata);
 # a frame apart is 50 ms, so anything beyond this names another frame
 SOF_TOLERANCE_NS = 1_000_000
@@ -57,6 +58,8 @@ class SegmentPlan:
   road: StreamMap
   wide: StreamMap | None
   road_steps: list[int] = field(default_factory=list)  # event positions of the mapped road states, in log order
+  driver: StreamMap | None = None   # the driver camera (dmonitoringmodeld's), when the segment has its states and dcamera.hevc
+  driver_note: str = ""             # why there is none
 
   @property
   def mapping(self) -> str:
@@ -191,11 +194,15 @@ def plan_segment(seg: Segment) -> SegmentPlan:
   sensor = str(road_states[0][1].sensor)
   size = SENSOR_SIZES.get(sensor)
   maps: dict[str, StreamMap] = {}
+  driver_note = "no driverCameraState in the log"
   for name, state_svc, index_svc, camera in STREAMS:
     states = [(i, int(getattr(events[i], state_svc).frameId)) for i in range(len(events)) if which[i] == state_svc]
     if not states:
       continue
     path = seg.camera(camera)
+    if path is None and name == "driver":   # the driver camera is often not downloaded: only the DM replay needs it
+      driver_note = f"no {camera} for its {len(states)} {state_svc} messages"
+      continue
     if path is None:
       raise UserError(f"segment {seg.path}: missing camera file {camera} for {len(states)} {state_svc} messages")
     vr = VideoReader(path)
@@ -215,6 +222,7 @@ def plan_segment(seg: Segment) -> SegmentPlan:
       maps[name] = _order_map(name, path, states, n_video, damage is not None, label)
   assert size is not None
   car_params = next((ev.carParams for i, ev in enumerate(events) if which[i] == "carParams"), None)
-  plan = SegmentPlan(seg, events, damage, size, car_params, maps["road"], maps.get("wide"))
+  plan = SegmentPlan(seg, events, damage, size, car_params, maps["road"], maps.get("wide"), driver=maps.get("driver"),
+                     driver_note="" if "driver" in maps else driver_note)
   plan.road_steps = sorted(plan.road.frame_of)
   return plan

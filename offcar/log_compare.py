@@ -13,7 +13,7 @@ import numpy as np
 
 from selfdrive_glue.logs import LogReader
 
-DEFAULT_IGNORE = ("logMonoTime", "frameDropPerc", "modelExecutionTime")
+DEFAULT_IGNORE = ("logMonoTime", "frameDropPerc", "modelExecutionTime", "gpuExecutionTime")
 
 
 @dataclass

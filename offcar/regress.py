@@ -242,6 +242,10 @@ _PANELS = [  # (title, [(label, path, index)])
   ("lane line probs", [("left", "modelV2.laneLineProbs", 1), ("right", "modelV2.laneLineProbs", 2)]),
   ("lead distance [m]", [("x", "modelV2.leadsV3[0].x", 0)]),
   ("lead prob", [("p", "modelV2.leadsV3[0].prob", 0)]),
+  # dmonitoringmodeld's, when the replay had the driver camera
+  ("driver face pitch / yaw [rad]", [("pitch", "driverStateV2.leftDriverData.faceOrientation", 0),
+                                     ("yaw", "driverStateV2.leftDriverData.faceOrientation", 1)]),
+  ("driver face prob", [("p", "driverStateV2.leftDriverData.faceProb", 0)]),
 ]
 
 
@@ -282,8 +286,13 @@ def write_report(report_dir: str | os.PathLike, results: list[CompareResult], me
                                                "accuracy": regress_json(list(accuracy))}, indent=1))
   written += [out / "report.txt", out / "report.json"]
   for name, (mn, mr) in messages.items():
-    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5), sharex=True)
-    for ax, (title, series) in zip(axes.ravel(), _PANELS):
+    # the driver-monitoring panels only when the replay has driverStateV2 (a third row)
+    panels = [p for p in _PANELS if not p[1][0][1].startswith("driverStateV2") or any(w == "driverStateV2" for w, _ in mn + mr)]
+    rows = -(-len(panels) // 4)
+    fig, axes = plt.subplots(rows, 4, figsize=(18, 3.75 * rows), sharex=True, squeeze=False)
+    for ax in axes.ravel()[len(panels):]:
+      ax.set_visible(False)
+    for ax, (title, series) in zip(axes.ravel(), panels):
       for label, path, idx in series:
         for msgs, run, style in ((mr, "REF", "-"), (mn, "NEW", "--")):
           t, v = _series(msgs, path, idx)

@@ -13,6 +13,11 @@ Across segments (`mode`): "segment" starts every segment from a fresh model stat
 tasks yet start close to a continuous drive; "route" runs the segments of a route in order through one core, carrying
 its state across boundaries. One loaded artifact serves all segments of a worker (`ModeldCore.reset()` between
 independent ones); `replay_many(jobs=N)` runs tasks in N worker processes.
+
+Driver monitoring: with a DM artifact (`dm_artifact`: one, or a release bundle holding dmonitoring/<w>x<h>/), a segment
+that has the driver camera (driverCameraState, driverEncodeIdx, dcamera.hevc) also runs every driver frame through
+DMonitoringCore, the step dmonitoringmodeld runs, fed the log's liveCalibration; its driverStateV2 go into the same
+output log, so `regress` compares them like modeld's outputs (openpilot's model_replay does the same for both).
 """
 from __future__ import annotations
 
@@ -25,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from artifact.format import MANIFEST, resolve_artifact
 from modeld_msm.core import ModeldCore
+from modeld_msm.dm_core import DMonitoringCore
 from modeld_msm.frames import Frame, older_capture
 from offcar.frame_map import SegmentPlan, plan_segment
 from selfdrive_glue.errors import UserError
@@ -55,6 +62,8 @@ class ReplayResult:
   start: str = "fresh"  # the model state the segment started from (fresh, warm-up, or carried from the previous segment)
   video_damage: str | None = None  # what the decoder reported about damaged camera files (which frames), one line per file
   damaged_frames: int = 0  # frames the decoder reported errors for, all camera files together
+  dm_published: int = 0  # driverStateV2 written (driver frames through the DM artifact)
+  dm_note: str = ""  # why the segment's driver frames were not replayed, with a DM artifact given
 
   @property
   def fps(self) -> float:
@@ -64,8 +73,13 @@ class ReplayResult:
     skipped = f"; {self.skipped} camera state(s) without an encoded frame skipped" if self.skipped else ""
     recovered = f"; {self.recovered} lost index entr{'y' if self.recovered == 1 else 'ies'} recovered" if self.recovered else ""
     damaged = f"; DAMAGED VIDEO: decode errors in {self.damaged_frames} frame(s)" if self.video_damage else ""
+    dm = ""
+    if self.dm_published:
+      dm = f"; driver monitoring: {self.dm_published} driverStateV2"
+    elif self.dm_note:
+      dm = f"; no driver monitoring ({self.dm_note})"
     return (f"{self.segment}: {self.frames} frames, {self.events_out} events -> {self.out}  ({self.fps:.1f} frames/s)  "
-            f"frames by {self.mapping}{skipped}{recovered}; start: {self.start}{damaged}")
+            f"frames by {self.mapping}{skipped}{recovered}; start: {self.start}{dm}{damaged}")
 
 
 class _LogClock:
@@ -114,10 +128,13 @@ class Replayer:
   """One loaded artifact replaying many segments: a fresh model state per segment (`ModeldCore.reset()`), a warm-up on
   the previous segment's tail, or state carried on from the segment replayed just before."""
 
-  def __init__(self, artifact: str | os.PathLike):
+  def __init__(self, artifact: str | os.PathLike, dm_artifact: str | os.PathLike | None = None):
     self.artifact = Path(artifact)
+    self.dm_artifact = Path(dm_artifact) if dm_artifact is not None else None
     self.clock = _LogClock()
     self.core: Any = None
+    self.dm: DMonitoringCore | None = None
+    self.dm_published = 0   # driverStateV2 written by the last _run
     self.rings: dict[tuple[str, tuple[int, int]], list[np.ndarray]] = {}  # fixed buffers, so the model's per-buffer tensors are reused
     self.last: Segment | None = None  # the segment whose state the core holds (after a complete replay)
     self.video_reports: list[tuple[str, int]] = []  # the last _run's decoder reports: (line, damaged frames) per camera file
@@ -140,6 +157,18 @@ class Replayer:
     self.last = None
     return self.core
 
+  def _fresh_dm(self, plan: SegmentPlan) -> tuple[DMonitoringCore | None, str]:
+    """The DM core for this segment's driver frames (reset: it starts from calib zero), or (None, why not)."""
+    if self.dm_artifact is None:
+      return None, ""
+    if plan.driver is None:
+      return None, plan.driver_note
+    if self.dm is None or tuple(self.dm.camera) != plan.size:
+      path = self.dm_artifact if (self.dm_artifact / MANIFEST).exists() else resolve_artifact(self.dm_artifact, plan.size, "dmonitoring")
+      self.dm = DMonitoringCore(path, clock=self.clock, camera=plan.size)
+    self.dm.reset()
+    return self.dm, ""
+
   def _prime(self, plan: SegmentPlan, before: int) -> None:
     """Tell the core the device and calibration a continuous run would know at event `before` (the newest earlier ones;
     else the segment's first, as model_replay prepends them, so a segment cut mid-drive starts calibrated)."""
@@ -150,13 +179,19 @@ class Replayer:
       if ev is not None:
         self.core.on_message(ev)
 
-  def _run(self, plan: SegmentPlan, start: int, writer: LogWriter | None, on_frame: Callable[[int, int], None] | None) -> tuple[int, int]:
-    """Feed plan.events[start:] to the core; -> (steps, published). Outputs go to writer (None: thrown away). What the
-    decoder reported about the camera files is left in self.video_reports (DecodeReport.describe lines, frames)."""
+  def _run(self, plan: SegmentPlan, start: int, writer: LogWriter | None, on_frame: Callable[[int, int], None] | None,
+           dm: DMonitoringCore | None = None) -> tuple[int, int]:
+    """Feed plan.events[start:] to the core (and the driver frames to `dm`); -> (steps, published). Outputs go to writer
+    (None: thrown away). What the decoder reported about the camera files is left in self.video_reports
+    (DecodeReport.describe lines, frames); the driverStateV2 written are counted in self.dm_published."""
     core, clock = self.core, self.clock
-    starts = {m.name: min((v for p, v in m.frame_of.items() if p >= start), default=0) for m in plan.streams()}
-    frames = {m.name: _Frames(m.path, self._ring(m.name, plan.size), starts[m.name]) for m in plan.streams()}
+    streams = plan.streams() + ([plan.driver] if dm is not None and plan.driver is not None else [])
+    starts = {m.name: min((v for p, v in m.frame_of.items() if p >= start), default=0) for m in streams}
+    frames = {m.name: _Frames(m.path, self._ring(m.name, plan.size), starts[m.name]) for m in streams}
     maps = {"roadCameraState": plan.road, "wideRoadCameraState": plan.wide}
+    if dm is not None:
+      maps["driverCameraState"] = plan.driver
+    self.dm_published = 0
     total = sum(1 for p in plan.road_steps if p >= start)
     pending: dict[str, Any] = {}  # stream -> Frame received since the last step
     steps = published = 0
@@ -168,10 +203,20 @@ class Replayer:
         continue  # no encoded frame: process_replay drops the state too
       clock.now_ns = ev.logMonoTime
       core.on_message(ev)
+      if dm is not None:
+        dm.on_message(ev)
       if m is None:
         continue
       st = getattr(ev, which)
-      pending[m.name] = Frame(frames[m.name].get(m.frame_of[pos]), int(st.frameId), int(st.timestampSof), int(st.timestampEof))
+      frame = Frame(frames[m.name].get(m.frame_of[pos]), int(st.frameId), int(st.timestampSof), int(st.timestampEof))
+      if m.name == "driver":
+        assert dm is not None
+        for _, dat in dm.on_frame(frame, log_mono_time=ev.logMonoTime):
+          if writer is not None:
+            writer.write(dat)
+          self.dm_published += 1
+        continue
+      pending[m.name] = frame
       road, wide = pending.get("road"), pending.get("wide")
       if road is None or (plan.wide is not None and wide is None):
         continue
@@ -191,8 +236,8 @@ class Replayer:
       if on_frame is not None:
         on_frame(steps, total)
     self.video_reports = []
-    for m in plan.streams():
-      svc = "roadCameraState" if m.name == "road" else "wideRoadCameraState"
+    for m in streams:
+      svc = {"road": "roadCameraState", "wide": "wideRoadCameraState", "driver": "driverCameraState"}[m.name]
       camera_frame = {v: int(getattr(plan.events[p], svc).frameId) for p, v in m.frame_of.items()}
       rep = frames[m.name].reader.report
       line = rep.describe(camera_frame)
@@ -242,9 +287,14 @@ class Replayer:
       if not start.startswith("warm-up"):
         self._prime(plan, 0)
     self.last = None
+    dm, dm_note = self._fresh_dm(plan)
+    if dm is not None:   # the calibration a continuous run would know, as for the driving core
+      cal = next((e for e in plan.events if e.which() == "liveCalibration"), None)
+      if cal is not None:
+        dm.on_message(cal)
     out = Path(out)
     with LogWriter(out) as w:
-      steps, published = self._run(plan, 0, w, on_frame)
+      steps, published = self._run(plan, 0, w, on_frame, dm)
       n_out = w.count
       if not published:
         # an output log without a single model output would pass for a replay (and `regress` would compare nothing)
@@ -255,13 +305,14 @@ class Replayer:
     return ReplayResult(segment=seg.name, out=out, frames=steps, published=published, events_in=len(plan.events), events_out=n_out,
                         seconds=time.perf_counter() - t_start, damage=plan.damage, mapping=plan.mapping,
                         skipped=sum(m.skipped for m in plan.streams()), recovered=sum(m.recovered for m in plan.streams()), start=start,
-                        video_damage="; ".join(line for line, _ in reports) or None, damaged_frames=sum(n for _, n in reports))
+                        video_damage="; ".join(line for line, _ in reports) or None, damaged_frames=sum(n for _, n in reports),
+                        dm_published=self.dm_published, dm_note=dm_note)
 
 
 def replay_segment(seg: str | os.PathLike | Segment, artifact: str | os.PathLike, out: str | os.PathLike,
-                   on_frame: Callable[[int, int], None] | None = None) -> ReplayResult:
+                   on_frame: Callable[[int, int], None] | None = None, dm_artifact: str | os.PathLike | None = None) -> ReplayResult:
   """Replay one segment into the log file `out`, from a fresh model state. on_frame(done, total) reports progress."""
-  return Replayer(artifact).replay(seg, out, on_frame=on_frame)
+  return Replayer(artifact, dm_artifact).replay(seg, out, on_frame=on_frame)
 
 
 def output_paths(segments: list[Segment], out: str | os.PathLike) -> list[Path]:
@@ -329,11 +380,11 @@ def _run_task(replayer: Replayer, task: _Task, mode: str, warmup_steps: int, pro
 _WORKER: Replayer | None = None  # one per worker process: the artifact is loaded once and serves every task it gets
 
 
-def _worker(args: tuple[str, _Task, str, int]) -> list[ReplayResult]:
+def _worker(args: tuple[str, str | None, _Task, str, int]) -> list[ReplayResult]:
   global _WORKER
-  artifact, task, mode, warmup_steps = args
-  if _WORKER is None or _WORKER.artifact != Path(artifact):
-    _WORKER = Replayer(artifact)
+  artifact, dm_artifact, task, mode, warmup_steps = args
+  if _WORKER is None or _WORKER.artifact != Path(artifact) or _WORKER.dm_artifact != (Path(dm_artifact) if dm_artifact else None):
+    _WORKER = Replayer(artifact, dm_artifact)
   try:
     return _run_task(_WORKER, task, mode, warmup_steps)
   except UserError as e:  # the artifact itself (e.g. refused on load): every segment of the task gets the error
@@ -342,7 +393,7 @@ def _worker(args: tuple[str, _Task, str, int]) -> list[ReplayResult]:
 
 
 def replay_many(segments: list[Segment], artifact: str | os.PathLike, out: str | os.PathLike, jobs: int = 1, progress: bool = True,
-                mode: str = "segment", warmup_steps: int = WARMUP_STEPS) -> list[ReplayResult]:
+                mode: str = "segment", warmup_steps: int = WARMUP_STEPS, dm_artifact: str | os.PathLike | None = None) -> list[ReplayResult]:
   """Replay segments (tasks in parallel worker processes when jobs > 1), results in the order of `segments`.
   Errors are per segment, in ReplayResult.error."""
   from tqdm import tqdm
@@ -357,7 +408,7 @@ def replay_many(segments: list[Segment], artifact: str | os.PathLike, out: str |
   order = {s.path: i for i, s in enumerate(segments)}
   results: list[ReplayResult | None] = [None] * len(segments)
   if jobs <= 1 or len(tasks) == 1:
-    replayer = Replayer(artifact)
+    replayer = Replayer(artifact, dm_artifact)
 
     def progress_for(seg: Segment):
       bar = tqdm(desc=seg.name, unit="frame", disable=not progress, leave=False)
@@ -378,7 +429,7 @@ def replay_many(segments: list[Segment], artifact: str | os.PathLike, out: str |
   from concurrent.futures import ProcessPoolExecutor, as_completed
   # spawn: a fresh interpreter per worker, no forked tinygrad/device state
   with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-    futs = {ex.submit(_worker, (str(artifact), t, mode, warmup_steps)): t for t in tasks}
+    futs = {ex.submit(_worker, (str(artifact), str(dm_artifact) if dm_artifact else None, t, mode, warmup_steps)): t for t in tasks}
     with tqdm(total=len(segments), desc="replay", unit="segment", disable=not progress) as bar:
       for f in as_completed(futs):
         for (s, _, _), r in zip(futs[f], f.result()):

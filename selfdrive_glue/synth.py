@@ -12,6 +12,9 @@ camera states do not line up one to one: in segment 0 the videos start ENCODER_L
 state (the encoder is still starting), and in every segment one road frame is dropped by the encoder (its state is
 logged, its picture is not in fcamera.hevc). `encode_index=False` writes the old shape instead: no index, and frame k of
 each video is camera state k.
+
+`driver=True` adds the driver camera, as a device records it: dcamera.hevc (the cabin of selfdrive_glue/cabin_render.py),
+driverCameraState at 20 Hz and driverEncodeIdx for every encoded frame (the same encoder lead in segment 0).
 """
 from __future__ import annotations
 
@@ -24,11 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from selfdrive_glue.cabin_render import CabinScene
 from selfdrive_glue.camera import sensor_and_device
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.logs import LogWriter, write_qlog
 from selfdrive_glue.road_render import STEER_RATIO, WHEELBASE, EgoState, RoadScene
-from selfdrive_glue.route import QCAMERA, ROAD_CAMERA, WIDE_CAMERA, route_name, segment_name
+from selfdrive_glue.route import DRIVER_CAMERA, QCAMERA, ROAD_CAMERA, WIDE_CAMERA, route_name, segment_name
 from selfdrive_glue.video import QCAMERA_SIZE, VideoWriter, scale_venus
 
 FPS = 20
@@ -36,6 +40,7 @@ BOOT_NS = 20_000_000_000  # logMonoTime of the drive's first frame: boot time is
 READOUT_NS = 30_000_000  # sof -> eof
 ISP_NS = 3_000_000  # eof -> camera state published
 WIDE_SOF_OFFSET_NS = 300_000  # the two sensors are synced, not identical
+DRIVER_SOF_OFFSET_NS = 600_000
 ENCODE_NS = 8_000_000  # camera state published -> encode index published
 ENCODER_LEAD = 2  # segment 0: camera states start this many frames before the videos (a real 0.9.7 drive shows 2)
 
@@ -203,7 +208,7 @@ def fill_device_state(device: str, started_mono: int):
 
 
 def segment_events(scene: RoadScene, start_s: float, seconds: float, n_frames: int, wide: bool = True, lateral_delay: float = 0.2,
-                   index: int = 0, encode_index: bool = True) -> list[bytes]:
+                   index: int = 0, encode_index: bool = True, driver: bool = False) -> list[bytes]:
   """Serialized, time-ordered Events of segment `index`, starting `start_s` into the drive."""
   sensor, device = sensor_and_device(scene.camera)
   ev = _Events()
@@ -237,13 +242,18 @@ def segment_events(scene: RoadScene, start_s: float, seconds: float, n_frames: i
     if wide:
       wsof = sof + WIDE_SOF_OFFSET_NS
       ev.add(wsof + READOUT_NS + ISP_NS, "wideRoadCameraState", fill_frame(sensor, fid, wsof))
+    if driver:
+      dsof = sof + DRIVER_SOF_OFFSET_NS
+      ev.add(dsof + READOUT_NS + ISP_NS, "driverCameraState", fill_frame(sensor, fid, dsof))
 
     ev.add(sof + 12_000_000, "driverMonitoringState", fill_driver_monitoring)
 
   if encode_index:
     # encodeId counts from the start of the route: the frames every earlier segment encoded come first
     before = [encoded_positions(n_frames, j) for j in range(index)]
-    streams = [("roadEncodeIdx", 0, 0)] + ([("wideRoadEncodeIdx", 1, WIDE_SOF_OFFSET_NS)] if wide else [])
+    # the driver video has the wide one's frames: the encoder's start-up lead, no dropped frame
+    streams = [("roadEncodeIdx", 0, 0)] + ([("wideRoadEncodeIdx", 1, WIDE_SOF_OFFSET_NS)] if wide else []) + \
+              ([("driverEncodeIdx", 1, DRIVER_SOF_OFFSET_NS)] if driver else [])
     for service, which, sof_offset in streams:
       encoded = encoded_positions(n_frames, index)[which]
       base = sum(len(b[which]) for b in before)
@@ -277,10 +287,12 @@ def segment_events(scene: RoadScene, start_s: float, seconds: float, n_frames: i
 
 
 def synth_segment(out: str | os.PathLike, seconds: float, seed: int, camera: str = "1928x1208", index: int = 0, wide: bool = True,
-                  qcamera: bool = True, progress: bool = True, overwrite: bool = False, encode_index: bool = True) -> SynthResult:
+                  qcamera: bool = True, progress: bool = True, overwrite: bool = False, encode_index: bool = True,
+                  driver: bool = False) -> SynthResult:
   """Write segment `index` of the drive `seed` (seconds long, starting index*seconds in) into directory `out`.
 
-  encode_index=False: the old shape (no initData or encode index; video frame k is camera state k)."""
+  encode_index=False: the old shape (no initData or encode index; video frame k is camera state k). driver: also the
+  driver camera (dcamera.hevc + driverCameraState + driverEncodeIdx)."""
   out = Path(out)
   if seconds <= 0 or seconds > 3600:
     raise UserError(f"--seconds must be in (0, 3600], got {seconds}")
@@ -306,6 +318,8 @@ def synth_segment(out: str | os.PathLike, seconds: float, seed: int, camera: str
     if wide:
       writers.append(VideoWriter(tmp / WIDE_CAMERA, scene.width, scene.height))
     qw = VideoWriter(tmp / QCAMERA, *QCAMERA_SIZE) if qcamera else None
+    cabin = CabinScene(seed, camera) if driver else None
+    dw = VideoWriter(tmp / DRIVER_CAMERA, scene.width, scene.height) if driver else None
     buf = np.zeros(scene.info.size, dtype=np.uint8)
     road_pos, wide_pos = (set(p) for p in encoded_positions(n_frames, index, encode_index))
     for i in tqdm(range(n_frames), desc=f"synth {out.name}", unit="frame", disable=not progress, leave=False):
@@ -318,9 +332,12 @@ def synth_segment(out: str | os.PathLike, seconds: float, seed: int, camera: str
       if wide and i in wide_pos:
         scene.render_into(buf, t, "wide")
         writers[1].write(buf)
-    for w in writers + ([qw] if qw else []):
+      if cabin is not None and dw is not None and i in wide_pos:
+        cabin.render_into(buf, t)
+        dw.write(buf)
+    for w in writers + ([qw] if qw else []) + ([dw] if dw else []):
       w.close()
-    events = segment_events(scene, start_s, seconds, n_frames, wide=wide, index=index, encode_index=encode_index)
+    events = segment_events(scene, start_s, seconds, n_frames, wide=wide, index=index, encode_index=encode_index, driver=driver)
     with LogWriter(tmp / "rlog.zst") as lw:
       lw.write_all(events)
     write_qlog(tmp / "rlog.zst", tmp / "qlog.zst")

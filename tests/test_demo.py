@@ -51,7 +51,14 @@ def test_demo_summary_makes_sense(demo):
   assert s["lane_error_m_p50"] <= LANE_ERROR_LIMIT_M, s
   assert f"{s['lane_error_m_p50']:.3f} / {s['lane_error_m_p90']:.3f}  (stand-in weights" in r.stdout and f"{s['curvature_corr']:.3f} / " in r.stdout
   assert (out / "modeld.log").exists() and (out / "camera.log").exists()
-  assert sorted(p.name for p in out.iterdir()) == ["camera.log", "modeld.log", "plan.png", "summary.json"]   # no temp files left
+  # dmonitoringmodeld ran beside modeld on the rendered cabin: a driverStateV2 for most driver frames, held to the cabin's truth
+  # (random weights: the numbers are the pipeline's; that they exist and are in range is what is checked)
+  assert s["published"]["driverStateV2"] >= 10 and s["dm_frames"] == s["published"]["driverStateV2"] and s["dm_weights"] == "random"
+  assert 0 <= s["face_orientation_err_deg_p50"] <= s["face_orientation_err_deg_p90"] < 360 and 0 <= s["blink_accuracy"] <= 1
+  assert "driverStateV2 received" in r.stdout and f"and {out / 'dm.png'}" in r.stdout
+  assert (out / "dm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "Traceback" not in (out / "dmonitoringmodeld.log").read_text()
+  assert sorted(p.name for p in out.iterdir()) == ["camera.log", "dm.png", "dmonitoringmodeld.log", "modeld.log", "plan.png",
+                                                   "summary.json"]   # no temp files left
 
 
 def test_demo_plan_png_is_a_drawn_figure(demo):

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 
 from artifact.format import ArtifactError, resolve_artifact, verify_artifact
 from compile.dm_refmodel import DM_SLICES, DM_WIDTH, build_dm_model, write_dm_model
+from compile.dm_warp import warp_y_numpy
 from compile.onnx_model import decode_output_slices, encode_output_slices, load_model_info
-from compile.warp import warp_y_numpy
 from modeld_msm.frames import Frame
 from selfdrive_glue import messaging
 from selfdrive_glue.camera import DM_INPUT_SIZE, dm_warp_matrix
@@ -246,7 +246,11 @@ from selfdrive_glue import messaging
 core = DMonitoringCore(sys.argv[1])
 buf = np.random.default_rng(5).integers(0, 256, int(sys.argv[2]), dtype=np.uint8)
 d = messaging.log_from_bytes(core.on_frame(Frame(buf, 1, 0, 1))[0][1]).driverStateV2
-print(json.dumps([d.wheelOnRightProb, list(d.leftDriverData.faceOrientation), d.rightDriverData.faceProb]))
+from tinygrad import Device
+node = getattr(getattr(Device[Device.DEFAULT], "iface", None), "node", None)
+# which submitqueues the frame's work went to, with their priority (0 highest), and how many submits it took
+queues = sorted({(node._queues[s.queue].prio, node.priorities) for s in node.submits}) if node is not None else []
+print(json.dumps([d.wheelOnRightProb, list(d.leftDriverData.faceOrientation), d.rightDriverData.faceProb, queues, len(node.submits) if node else 0]))
 """
   got = {}
   for name, path in (("qcom", out), ("cpu", dm_cpu_artifact)):
@@ -256,3 +260,6 @@ print(json.dumps([d.wheelOnRightProb, list(d.leftDriverData.faceOrientation), d.
     got[name] = json.loads(p.stdout.strip().splitlines()[-1])
   np.testing.assert_allclose(np.hstack([got["qcom"][0], got["qcom"][1], got["qcom"][2]]),
                              np.hstack([got["cpu"][0], got["cpu"][1], got["cpu"][2]]), atol=0.03)
+  # its GPU work went to a submitqueue at the lowest priority, cut into several submits (time-bounded chunks), like modeld's
+  (queues, submits) = got["qcom"][3], got["qcom"][4]
+  assert queues == [[2, 3]] and submits > 1, got["qcom"]

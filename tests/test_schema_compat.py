@@ -22,7 +22,7 @@ ref_car = capnp.load(str(REF / "car.capnp"))
 
 EVENT_MEMBERS = ["modelV2", "drivingModelData", "cameraOdometry", "carState", "roadCameraState", "wideRoadCameraState", "deviceState",
                  "liveCalibration", "driverMonitoringState", "carControl", "liveDelay", "carParams", "initData", "roadEncodeIdx",
-                 "wideRoadEncodeIdx"]
+                 "wideRoadEncodeIdx", "driverCameraState", "driverEncodeIdx"]
 SIZE_BITS = {"void": 0, "bool": 1, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "enum": 16, "int32": 32, "uint32": 32,
              "float32": 32, "int64": 64, "uint64": 64, "float64": 64}
 

@@ -18,6 +18,7 @@ def add_arguments(p) -> None:
   p.add_argument("--random-weights", action="store_true",
                  help="the random-weight reference models instead of the trained tiny stand-in: the pipeline runs the same, but "
                       "the outputs are noise and the error against the rendered road says so (--full always has random weights)")
+  p.add_argument("--no-dm", action="store_true", help="without the driver camera and dmonitoringmodeld (modeld alone)")
 
 
 def run(args) -> int:
@@ -25,7 +26,7 @@ def run(args) -> int:
   if args.seconds <= 0:
     raise UserError("--seconds must be positive")
   s = run_demo(DemoOptions(full=args.full, seconds=args.seconds, out=args.out, camera=args.camera, seed=args.seed,
-                           random_weights=args.random_weights))
+                           random_weights=args.random_weights, dm=not args.no_dm))
   print_summary(s)
-  print(f"\n  wrote {args.out / 'summary.json'} and {args.out / 'plan.png'}")
+  print(f"\n  wrote {args.out / 'summary.json'} and {args.out / 'plan.png'}" + (f" and {args.out / 'dm.png'}" if not args.no_dm else ""))
   return 0 if s["frames_received"] else 1

@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+from modeld_msm.runner import check_artifact_path
 from offcar.demo import cached_artifact
 from offcar.frame_map import require_rlog
 from offcar.replay import replay_many
@@ -20,6 +21,9 @@ def add_arguments(p) -> None:
   p.add_argument("--artifact", metavar="DIR", default=os.environ.get("MODELD_ARTIFACT"),
                  help="compiled artifact for the segments' camera size (default: $MODELD_ARTIFACT, else the reference models below, "
                       "compiled for CPU once and cached like the demo's)")
+  p.add_argument("--dm-artifact", metavar="DIR",
+                 help="also replay the driver camera (dcamera.hevc + driverEncodeIdx) through this driver-monitoring artifact "
+                      "(`compile --dmonitoring`, or a release bundle with dmonitoring/<w>x<h>/): driverStateV2 joins the output log")
   p.add_argument("--models", choices=("tiny", "full"), default="tiny", help="reference models used when no artifact is given (default tiny)")
   p.add_argument("--random-weights", action="store_true",
                  help="with no artifact: the random-weight tiny models instead of the trained stand-in (full is always random)")
@@ -83,6 +87,10 @@ def _run(args) -> int:
     raise UserError("--artifact is empty; pass an artifact directory (modeld-msm compile --device CPU -o DIR)")
   if args.warmup_steps < 0:
     raise UserError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+  if args.dm_artifact is not None and args.engine == "ray":
+    raise UserError("--dm-artifact replays with --engine local only (the Ray workers do not take it yet); drop --engine ray")
+  if args.dm_artifact is not None:
+    check_artifact_path(args.dm_artifact)   # a wrong path is refused now, not once per segment
   done_before = restarts = 0
   if args.engine == "ray":
     run_ = replay_ray(segments, args.artifact, args.output, jobs=args.jobs, address=args.address, progress=not args.quiet, mode=args.mode,
@@ -94,7 +102,7 @@ def _run(args) -> int:
             file=sys.stderr)
   else:
     results = replay_many(segments, args.artifact, args.output, jobs=args.jobs or 1, progress=not args.quiet, mode=args.mode,
-                          warmup_steps=args.warmup_steps)
+                          warmup_steps=args.warmup_steps, dm_artifact=args.dm_artifact)
   failed = 0
   for r in results:
     if r.error:

@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
   p.add_argument("--no-encode-index", action="store_true",
                  help="old-shaped segment: no initData or roadEncodeIdx/wideRoadEncodeIdx, and video frame k is camera state k "
                       "(default: real-shaped, the videos start 2 frames late in segment 0 and one road frame is dropped)")
+  p.add_argument("--driver", action="store_true",
+                 help="also the driver camera: dcamera.hevc (a rendered cabin: a head turning, blinking, a stretch without a face and "
+                      "one with sunglasses) with driverCameraState and driverEncodeIdx, for replaying dmonitoringmodeld")
   p.add_argument("--force", action="store_true", help="replace an existing non-empty output directory")
   p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -30,7 +33,8 @@ def run(args) -> int:
     raise UserError(f"--segments must be >= 1, got {args.segments}")
   if args.seed < 0:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
-  kw = dict(wide=not args.no_wide, qcamera=not args.no_qcamera, progress=not args.quiet, overwrite=args.force, encode_index=not args.no_encode_index)
+  kw = dict(wide=not args.no_wide, qcamera=not args.no_qcamera, progress=not args.quiet, overwrite=args.force, encode_index=not args.no_encode_index,
+            driver=args.driver)
   if args.segments == 1:
     results = [synth_segment(args.output, args.seconds, args.seed, args.camera, **kw)]
   else:

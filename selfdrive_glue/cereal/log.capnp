@@ -80,13 +80,13 @@ struct Event {
     thumbnail @66 :AnyPointer;
     onroadEventsDEPRECATED @68 :AnyPointer;
     carParams @69 :Car.CarParams;
-    driverCameraState @70 :AnyPointer;
+    driverCameraState @70 :FrameData;
     driverMonitoringState @71 :DriverMonitoringState;
     liveLocationKalmanDEPRECATED @72 :AnyPointer;
     sentinel @73 :AnyPointer;
     wideRoadCameraState @74 :FrameData;
     modelV2 @75 :ModelDataV2;
-    driverEncodeIdx @76 :AnyPointer;
+    driverEncodeIdx @76 :EncodeIndex;
     wideRoadEncodeIdx @77 :EncodeIndex;
     managerState @78 :AnyPointer;
     uploaderState @79 :AnyPointer;
