@@ -261,15 +261,20 @@ def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, devi
   return prog
 
 
-def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path,
-                     log=print, precision: str = "auto", layout: str | None = None, search: str | None = None) -> CompileReport:
+def compile_options(device: str, precision: str, layout: str | None) -> tuple[str, str, bool, str]:
+  """The options first (a word in the wrong place is refused at once), then the device: -> (compute precision, why, CPU
+  layout on, why). layout None: MODELD_CPU_LAYOUT (benchmarks, A/B), else auto."""
   if device not in TARGETS:
     raise UserError(f"unknown device '{device}': use one of {', '.join(TARGETS)}")
-  # the options first (a word in the wrong place is refused at once), then the device, then the models
   compute, why = precision_mod.choose(device, precision)
-  # compile --layout/--search, else MODELD_CPU_LAYOUT / MODELD_CPU_SEARCH (benchmarks, A/B)
   use_layout, layout_why = cpu_layout.choose(device, layout or os.environ.get("MODELD_CPU_LAYOUT", "auto"))
   preflight.check_device(device)
+  return compute, why, use_layout, layout_why
+
+
+def compile_artifact(vision: str | Path, policy: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path,
+                     log=print, precision: str = "auto", layout: str | None = None, search: str | None = None) -> CompileReport:
+  compute, why, use_layout, layout_why = compile_options(device, precision, layout)
   out_dir = Path(out_dir)
   report = CompileReport(out_dir)
   t0 = time.perf_counter()

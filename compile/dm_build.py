@@ -10,7 +10,6 @@ The same checks as the driving compile (compile/build.py), on the DM program (co
 """
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from dataclasses import replace
@@ -22,9 +21,8 @@ import numpy as np
 from artifact import format as art_mod
 from artifact.jit_pickle import pickle_programs, unpickle_programs
 from artifact.load import frame_tensor
-from compile import cpu_layout, preflight
-from compile import precision as precision_mod
-from compile.build import ORT_ATOL, ORT_RTOL, TARGETS, CompileReport, check_out_dir, open_capture, ort_check, replay_on_emu, runner_model
+from compile import preflight
+from compile.build import ORT_ATOL, ORT_RTOL, CompileReport, check_out_dir, compile_options, open_capture, ort_check, replay_on_emu, runner_model
 from compile.dm_program import DMProgram
 from compile.onnx_model import OnnxModelInfo, load_model_info
 from modeld_msm.host_inputs import dm_host_inputs
@@ -68,11 +66,7 @@ def build_dm_program(info: OnnxModelInfo, nv: NV12Info, device: str, compute: st
 
 def compile_dm_artifact(model: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path, log=print,
                         precision: str = "auto", layout: str | None = None) -> CompileReport:
-  if device not in TARGETS:
-    raise UserError(f"unknown device '{device}': use one of {', '.join(TARGETS)}")
-  compute, why = precision_mod.choose(device, precision)
-  use_layout, layout_why = cpu_layout.choose(device, layout or os.environ.get("MODELD_CPU_LAYOUT", "auto"))
-  preflight.check_device(device)
+  compute, why, use_layout, layout_why = compile_options(device, precision, layout)
   out_dir = Path(out_dir)
   report = CompileReport(out_dir)
   t0 = time.perf_counter()

@@ -283,7 +283,7 @@ def plot_dm(preds: list[dm_accuracy.DMPrediction], acc: dm_accuracy.DMAccuracy, 
   ax[2].set_xlabel("scene time (s)")
   for a in ax:
     a.legend(loc="upper right", fontsize=8)
-  fig.suptitle(f"modeld-msm demo: dmonitoringmodeld on the rendered cabin, {acc.frames} driverStateV2 (random-weight tiny model: "
+  fig.suptitle(f"modeld-msm demo: dmonitoringmodeld on the rendered cabin, {acc.frames} driverStateV2\n(random-weight tiny model: "
                "no DM stand-in is trained yet, so the numbers are the pipeline's, not a model's)", fontsize=9)
   fig.tight_layout()
   with replacing(path, ".png") as tmp:
