@@ -40,44 +40,53 @@ def build_artifact(size: str, work: Path) -> Path:
   return art
 
 
-def frame_dispatches(artifact: Path, executed: bool = False) -> tuple[list[tuple[str, int, int]], dict, list]:
-  """[(kernel name, flops, bytes)] for every dispatch of one full step of the artifact, in ring order, plus the device's settings
-  and, when executed (emulator level B), each dispatch's executed work (ir3.execute.Counts) in the same order."""
-  os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
-  import numpy as np
+def step_dispatches(step, jits, device: str, executed: bool = False) -> tuple[list[tuple[str, int, int]], list]:
+  """[(kernel name, flops, bytes)] of every dispatch one call of `step` makes on the emulated render node, in ring order
+  (matched by shader address to the kernels of `jits`), and, when executed (level B), each one's executed work
+  (ir3.execute.Counts) in the same order. The first call binds the graphs and is not counted."""
   from tinygrad import Device
   from tinygrad.engine import realize
   from tinygrad.uop.ops import Ops, sym_infer
-
-  from modeld_msm.model_state import ModelState
-  ms = ModelState(artifact)
-  dev = Device[ms.device]
+  dev = Device[device]
   node = dev.iface.node
-  z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
-  step = (z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32))
-  ms.run(*step, False)   # the first call binds the graphs
+  step()
   dev.synchronize()
   seen: list = []
   node.on_dispatch = seen.append
   node.set_execute(executed)
   n0 = len(node.counts)
-  ms.run(*step, False)
+  step()
   dev.synchronize()
   node.on_dispatch = None
   counts = [c for _, c in list(node.counts)[n0:]] if executed else []
   if executed and len(counts) != len(seen):
     raise SystemExit(f"executed {len(counts)} of {len(seen)} dispatches (the node keeps {node.counts.maxlen} records)")
   kernels = {}
-  for jit in (ms.policy_jit, ms.warp_jit):
+  for jit in jits:
     for u in jit.captured._linear.toposort():
-      if u.op is Ops.PROGRAM and (rt := realize.runtime_cache.get((u.key, ms.device))) is not None:
+      if u.op is Ops.PROGRAM and (rt := realize.runtime_cache.get((u.key, device))) is not None:
         est = u.src[0].arg.estimates
         kernels[int(rt.lib_gpu.va_addr)] = (u.arg.function_name, int(sym_infer(est.ops, {})), int(sym_infer(est.mem, {})))
   missing = [d.shader_iova for d in seen if d.shader_iova not in kernels]
   if missing or not seen:
     raise SystemExit(f"{len(missing)} of {len(seen)} dispatches could not be matched to a kernel of the artifact")
-  s = dev.iface.settings
-  return [kernels[d.shader_iova] for d in seen], {"prio": s.priority, "chunk": s.chunk_kernels, "inflight": s.inflight}, counts
+  return [kernels[d.shader_iova] for d in seen], counts
+
+
+def frame_dispatches(artifact: Path, executed: bool = False) -> tuple[list[tuple[str, int, int]], dict, list]:
+  """[(kernel name, flops, bytes)] for every dispatch of one full step of the artifact, in ring order, plus the device's settings
+  and, when executed (emulator level B), each dispatch's executed work (ir3.execute.Counts) in the same order."""
+  os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
+  import numpy as np
+  from tinygrad import Device
+
+  from modeld_msm.model_state import ModelState
+  ms = ModelState(artifact)
+  z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
+  disp, counts = step_dispatches(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False),
+                                 (ms.policy_jit, ms.warp_jit), ms.device, executed)
+  s = Device[ms.device].iface.settings
+  return disp, {"prio": s.priority, "chunk": s.chunk_kernels, "inflight": s.inflight}, counts
 
 
 def main() -> int:

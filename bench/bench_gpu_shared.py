@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backend import timeline as tl  # noqa: E402
+from bench.bench_gpu_priority import step_dispatches  # noqa: E402
 
 # on-device host times of openpilot's own processes over KGSL (openpilot PR #37866), the figures to compare with
 KGSL_MS = {"modeld": (24.5, 28.0), "dmonitoringmodeld": (13.0, 19.0)}
@@ -55,30 +56,6 @@ def build(size: str, work: Path) -> tuple[Path, Path]:
   return out[0], out[1]
 
 
-def ring_order(step, jits, device: str) -> list[str]:
-  """The kernel names one call of `step` dispatches, in ring order (recorded by the emulated node, matched by shader address)."""
-  from tinygrad import Device
-  from tinygrad.engine import realize
-  from tinygrad.uop.ops import Ops
-  dev = Device[device]
-  node = dev.iface.node
-  step()   # the first call binds the graphs
-  dev.synchronize()
-  seen: list = []
-  node.on_dispatch = seen.append
-  step()
-  dev.synchronize()
-  node.on_dispatch = None
-  names = {}
-  for jit in jits:
-    for u in jit.captured._linear.toposort():
-      if u.op is Ops.PROGRAM and (rt := realize.runtime_cache.get((u.key, device))) is not None:
-        names[int(rt.lib_gpu.va_addr)] = u.arg.function_name
-  if not seen or any(d.shader_iova not in names for d in seen):
-    raise SystemExit("dispatches could not be matched to the artifact's kernels")
-  return [names[d.shader_iova] for d in seen]
-
-
 def programs(driving: Path, dm: Path) -> dict[str, list[float]]:
   os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
   import numpy as np
@@ -87,16 +64,16 @@ def programs(driving: Path, dm: Path) -> dict[str, list[float]]:
   from modeld_msm.model_state import ModelState
   ms = ModelState(driving)
   z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
-  drive = ring_order(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False),
-                     (ms.policy_jit, ms.warp_jit), ms.device)
+  drive, _ = step_dispatches(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False),
+                             (ms.policy_jit, ms.warp_jit), ms.device)
   core = DMonitoringCore(dm)
-  dmon = ring_order(lambda: core.run(z), (core.jit,), ms.device)
+  dmon, _ = step_dispatches(lambda: core.run(z), (core.jit,), ms.device)
   out = {}
   for name, art, order in (("modeld", driving, drive), ("dmonitoringmodeld", dm, dmon)):
     us = json.loads((art / "metadata.json").read_text())["kernel_us"]
-    if missing := sorted({k for k in order if k not in us}):
+    if missing := sorted({k for k, _, _ in order if k not in us}):
       raise SystemExit(f"{art}: no a630 time for {len(missing)} kernels ({missing[:3]}); recompile it")
-    out[name] = [us[k] for k in order]
+    out[name] = [us[k] for k, _, _ in order]
   return out
 
 

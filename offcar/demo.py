@@ -62,57 +62,52 @@ def weights_name(opts: DemoOptions) -> str:
   return "stand-in" if not opts.random_weights and not opts.full else "random"
 
 
+def _cached(dirname: str, salt: str, models: list[Path], camera: str, device: str, kind: str, compile_into, what: str, log, tag: str) -> Path:
+  """An artifact cached under ~/.cache/modeld-msm by the hash of everything that shapes it (salt, the models' bytes, the
+  camera, device, versions, precision, CPU and our compile code), compiled by compile_into(path) when it is not there."""
+  h = hashlib.sha256(salt.encode())
+  for m in models:
+    h.update(m.read_bytes())
+  # a CPU artifact is machine code for this CPU (-march=native): a cache carried to another CPU must not hand it over
+  h.update(json.dumps([camera, device, installed_versions(), choose(device, "auto")[0], cpu_info().as_dict()]).encode())
+  # the program is built by our own code too: a change there must not reuse a stale artifact
+  for src in sorted((Path(__file__).resolve().parents[1] / "compile").glob("*.py")):
+    h.update(src.read_bytes())
+  art = CACHE / f"{dirname}-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
+  try:
+    verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera), kind=kind)
+    log(f"[{tag}] using cached artifact {art} ({what})")
+    return art
+  except ArtifactError:
+    pass
+  log(f"[{tag}] compiling the {what} for {camera} on {device} (cached afterwards)")
+  t = time.perf_counter()
+  report = compile_into(art)
+  log(report.table())
+  log(f"[{tag}] compiled in {time.perf_counter() - t:.1f}s")
+  return art
+
+
 def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bool = False, tag: str = "demo") -> Path:
-  """Reference models -> artifact, cached under ~/.cache/modeld-msm by the hash of everything that shapes it.
-  stand_in: the trained tiny stand-in weights instead of random ones (compile.refmodels.write_models)."""
+  """Reference models -> artifact, cached (_cached). stand_in: the trained tiny stand-in weights instead of random ones
+  (compile.refmodels.write_models)."""
   with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
     models = write_models(td, size=size, seed=0, stand_in=stand_in)
-    h = hashlib.sha256()
-    # the weights' bytes are hashed below as well; naming them keeps the two kinds apart even by directory name
+    # the weights' bytes are hashed as well; naming them keeps the two kinds apart even by directory name
     weights = "standin" if stand_in else "random"
-    h.update(weights.encode())
-    for kind in ("vision", "policy"):
-      h.update(models[kind].path.read_bytes())
-    # a CPU artifact is machine code for this CPU (-march=native): a cache carried to another CPU must not hand it over
-    h.update(json.dumps([camera, device, installed_versions(), choose(device, "auto")[0], cpu_info().as_dict()]).encode())
-    # the program is built by our own code too: a change there must not reuse a stale artifact
-    for src in sorted((Path(__file__).resolve().parents[1] / "compile").glob("*.py")):
-      h.update(src.read_bytes())
-    art = CACHE / f"artifact-{size}-{weights}-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
-    try:
-      verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera))
-      log(f"[{tag}] using cached artifact {art}")
-      return art
-    except ArtifactError:
-      pass
-    log(f"[{tag}] compiling the {size} reference models ({weights} weights) for {camera} on {device} (cached afterwards)")
-    t = time.perf_counter()
-    report = compile_artifact(models["vision"].path, models["policy"].path, parse_camera(camera), device, art, log=log)
-    log(report.table())
-    log(f"[{tag}] compiled in {time.perf_counter() - t:.1f}s")
-  return art
+    v, p = models["vision"].path, models["policy"].path
+    return _cached(f"artifact-{size}-{weights}", weights, [v, p], camera, device, "driving",
+                   lambda art: compile_artifact(v, p, parse_camera(camera), device, art, log=log),
+                   f"{size} reference models ({weights} weights)", log, tag)
 
 
 def cached_dm_artifact(camera: str, device: str, log=print) -> Path:
-  """The tiny reference driver-monitoring model (random weights: no DM stand-in is trained yet) -> artifact, cached like
-  cached_artifact by the hash of everything that shapes it."""
+  """The tiny reference driver-monitoring model (random weights: no DM stand-in is trained yet) -> artifact, cached (_cached)."""
   with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
-    model = write_dm_model(td, "tiny", 0)
-    h = hashlib.sha256(model.path.read_bytes())
-    h.update(json.dumps([camera, device, installed_versions(), choose(device, "auto")[0], cpu_info().as_dict()]).encode())
-    for src in sorted((Path(__file__).resolve().parents[1] / "compile").glob("*.py")):
-      h.update(src.read_bytes())
-    art = CACHE / f"dm-artifact-tiny-random-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
-    try:
-      verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera), kind="dmonitoring")
-      log(f"[demo] using cached driver-monitoring artifact {art}")
-      return art
-    except ArtifactError:
-      pass
-    log(f"[demo] compiling the tiny driver-monitoring model for {camera} on {device} (cached afterwards)")
-    report = compile_dm_artifact(model.path, parse_camera(camera), device, art, log=log)
-    log(report.table())
-  return art
+    model = write_dm_model(td, "tiny", 0).path
+    return _cached("dm-artifact-tiny-random", "", [model], camera, device, "dmonitoring",
+                   lambda art: compile_dm_artifact(model, parse_camera(camera), device, art, log=log),
+                   "tiny driver-monitoring model", log, "demo")
 
 
 def rss_mb(pid: int) -> float | None:

@@ -24,6 +24,8 @@ from typing import Any
 from artifact import signing
 from artifact.format import KIND_DIRS, MANIFEST, swap_in_dir, verify_artifact
 from compile.build import CompileReport, compile_artifact
+from compile.dm_build import compile_dm_artifact
+from compile.onnx_model import load_model_info
 from release import provenance, smoke
 from release.bundle import BUNDLE_FILE, SMOKE_DIR, human_size, tree_size
 from release.smoke import DM_SMOKE_FRAMES, SMOKE_FRAMES
@@ -43,7 +45,6 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
   inputs = (vision, policy) + ((dmonitoring,) if dmonitoring else ()) + ((sign_key,) if sign_key else ())
   check_replaceable(out, {BUNDLE_FILE: "artifacts"}, "release bundle of ours", inputs)
   if dmonitoring is not None:
-    from compile.onnx_model import load_model_info
     load_model_info(dmonitoring, "dmonitoring")   # a wrong file is refused now, not after the driving compiles
   parent = out.resolve().parent
   parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,6 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
       if kind == "driving":
         report = compile_artifact(vision, policy, CAMERA_SIZES[cam], device, d, log=log)
       else:
-        from compile.dm_build import compile_dm_artifact
         assert dmonitoring is not None
         report = compile_dm_artifact(dmonitoring, CAMERA_SIZES[cam], device, d, log=log)
       art = verify_artifact(d, device=device.split(":")[0], camera=CAMERA_SIZES[cam], pubkey="", kind=kind)

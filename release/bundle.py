@@ -40,12 +40,12 @@ class Bundle:
   def cameras(self) -> list[str]:
     return list(self.index.get("artifacts", {}))
 
-  @property
-  def dm_cameras(self) -> list[str]:
-    return list(self.index.get("dmonitoring") or {})
-
   def entries(self, kind: str) -> dict[str, Any]:
     return self.index["artifacts"] if kind == "driving" else self.index.get("dmonitoring") or {}
+
+  @property
+  def dm_cameras(self) -> list[str]:
+    return list(self.entries("dmonitoring"))
 
   def artifact_dir(self, camera: str, kind: str = "driving") -> Path:
     return self.path / KIND_DIRS[kind] / camera

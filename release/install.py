@@ -44,7 +44,7 @@ from typing import Any
 import modeld_msm
 from artifact.format import swap_in_dir
 from artifact.signing import SignatureError, key_id, load_public
-from release.bundle import BUNDLE_FILE, RELEASE_HINT, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
+from release.bundle import BUNDLE_FILE, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
@@ -149,16 +149,6 @@ def find_entries(data: bytes, where: str, needed: list[str], why: dict[str, str]
         raise
       found[name] = None
   return found
-
-
-def dm_cameras(index: dict[str, Any], bundle: Path) -> list[str]:
-  """The cameras a bundle has driver-monitoring artifacts for (bundle.json "dmonitoring"), [] for none."""
-  dm = index.get(DM_KEY)
-  if not dm:
-    return []
-  if not isinstance(dm, dict):
-    raise UserError(f"bundle {bundle}: {BUNDLE_FILE} has a \"{DM_KEY}\" that is not a camera -> entry table; {RELEASE_HINT}")
-  return list(dm)
 
 
 def _names(names) -> str:
@@ -339,7 +329,7 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
   if b.device != "QCOM" and not allow_cpu:
     raise UserError(f"bundle {bundle} is for {b.device}; the car runs QCOM bundles (`modeld-msm release --device QCOM`); "
                     "pass --allow-cpu to install a CPU bundle anyway (openpilot on a PC)")
-  dm = dm_cameras(b.index, bundle)
+  dm = b.dm_cameras   # bundle.json "dmonitoring", its shape checked by read_index
   wanted = [MODELD] + ([DMONITORING] if dm else [])
   needed_why = {DMONITORING: f"bundle {bundle} has driver-monitoring artifacts (bundle.json \"{DM_KEY}\"), so install replaces that "
                              "entry too (or install a bundle without them)"}

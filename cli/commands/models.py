@@ -2,6 +2,8 @@
 driving_policy.onnx) or the driver-monitoring model (dmonitoring_model.onnx)."""
 from __future__ import annotations
 
+from compile.dm_refmodel import write_dm_model
+from compile.refmodels import write_models
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
 
@@ -18,10 +20,8 @@ def run(args) -> int:
   if args.seed < 0:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
   if args.contract == "dmonitoring":
-    from compile.dm_refmodel import write_dm_model
     written = {"dmonitoring": write_dm_model(args.output, args.size, args.seed)}
   else:
-    from compile.refmodels import write_models
     written = write_models(args.output, args.size, args.seed)
   for kind, w in written.items():
     print(f"{w.path}  {kind} {args.size} seed={args.seed}  {w.bytes / 1e6:.2f} MB  {w.macs / 1e6:.1f} M MACs  {w.params / 1e6:.2f} M params")
