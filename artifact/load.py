@@ -103,3 +103,24 @@ def frame_tensor(buf: np.ndarray, device: str):
   if device.split(":")[0] == "CPU":
     return Tensor.from_blob(buf.ctypes.data, (buf.size,), dtype=dtypes.uint8, device=device)
   return Tensor(buf, device=device)
+
+
+def read_output(t: Tensor) -> np.ndarray:
+  """A program output's values on the host, flat, copied straight out of its device buffer. Tensor.numpy() schedules and
+  runs a copy program on every call: ~0.37 ms of host time per output on the 2-core EPYC, two outputs a frame, and on the
+  H200 host the gap between one step's latency and its GPU time (bench/bench_gpu.py). Every tinygrad allocator's copyout
+  synchronises the device first, so this is the same read. Falls back to numpy() for anything but a whole, realized buffer."""
+  from tinygrad.device import Buffer
+  from tinygrad.helpers import prod
+  from tinygrad.uop.ops import Ops
+  np_dtype = np.dtype(t.dtype.fmt) if t.dtype.fmt else None
+  u = t.uop
+  while u.op is Ops.RESHAPE:   # the JIT hands its outputs back reshaped; any other view falls back
+    u = u.src[0]
+  buf = u.buffer if u.op is Ops.BUFFER else None
+  if (not isinstance(buf, Buffer) or np_dtype is None or not buf.is_allocated() or buf.size != prod(t.shape)
+      or getattr(buf._buf, "size", buf.nbytes) != buf.nbytes):   # QCOM's copyout copies the whole allocation
+    return t.numpy().reshape(-1)
+  out = np.empty(buf.size, np_dtype)
+  buf.allocator._copyout(memoryview(out.data).cast("B"), buf._buf)
+  return out

@@ -1,7 +1,10 @@
 """The fused step (warp x 2 + queues + vision + policy, outputs read back) on a workstation GPU: tinygrad's CUDA/NV artifact
 against PyTorch running the same ONNX graphs with the same weights as one CUDA graph (bench/torch_peer.py), in one run.
 
-  python bench/bench_gpu.py --size full --configs CUDA@fp16,CUDA@fp32,NV@fp16,NV@fp16+BEAM=2 --iters 100
+  python bench/bench_gpu.py --size full --configs CUDA@fp16,CUDA@fp16+MODELD_CPU_SEARCH=off,CUDA@fp32,NV@fp16 --iters 100
+
+A config is compiled as a user's `compile --device D` would be: with the shipped kernel search for that GPU where one matches
+(compile/cpu_search.py), else tinygrad's heuristic; `+MODELD_CPU_SEARCH=off` forces the heuristic, `+BEAM=n` searches anew.
 
 Each tinygrad config compiles an artifact (`compile_artifact`, numerics checked against onnxruntime) and times it in a fresh
 process (bench_compile.py's worker); PyTorch runs in its own process per precision. Ratios are tinygrad / PyTorch p50 of the
@@ -53,13 +56,22 @@ def torch_worker(models: Path, precision: str, iters: int) -> dict:
     i[0] = (i[0] + 2) % 4
     step(frames[i[0]], frames[i[0] + 1], tfm, big)
 
+  def pipelined():
+    from bench.bench_compile import PIPELINE
+    for _ in range(PIPELINE):
+      i[0] = (i[0] + 2) % 4
+      step.frame.copy_(frames[i[0]])
+      step.big_frame.copy_(frames[i[0] + 1])
+      step.graph.replay()
+    torch.cuda.synchronize()
+
   def eager():
     i[0] = (i[0] + 2) % 4
     step.frame.copy_(frames[i[0]])
     step.big_frame.copy_(frames[i[0] + 1])
     v, p = step._step()
     v.cpu(), p.cpu()
-  res.update(_measure({"fused": fused, "eager": eager}, iters))
+  res.update(_measure({"fused": fused, "eager": eager, "pipelined": pipelined}, iters))
   # the interpreter agrees with onnxruntime on each model (so the peer computes what the models say)
   import onnxruntime as ort
   for kind in ("vision", "policy"):
@@ -94,7 +106,7 @@ def main() -> int:
     print(json.dumps(torch_worker(Path(a.models), a.precision, a.iters)))
     return 0
   from artifact.cpu_info import cpu_info
-  from bench.bench_compile import _parse_config
+  from bench.bench_compile import _label, _parse_config
   from compile.refmodels import write_models
   models = Path(tempfile.mkdtemp(prefix=f"bench_gpu_models_{a.size}_"))
   write_models(models, a.size, 0)
@@ -115,26 +127,36 @@ def main() -> int:
   gpu = next((p["gpu"] for p in peers.values() if "gpu" in p), "?")
   torch_v = next((p["torch"] for p in peers.values() if "torch" in p), "?")
   print(f"GPU: {gpu}   CPU: {cpu_info().summary()}   torch {torch_v}, tinygrad 0.14.0, {a.size} reference models, camera {CAMERA[0]}x{CAMERA[1]}")
-  head = (f"{'runtime':26s} {'build s':>8s} {'fused p50':>10s} {'p99':>8s} {'vs torch':>9s} | {'vision':>7s} {'policy':>7s} {'warp':>6s} | "
-          "max|diff| vs ORT v/p")
+  from bench.bench_compile import PIPELINE
+
+  def pipe(res: dict) -> float:
+    return res["pipelined"]["p50"] / PIPELINE if "pipelined" in res else float("nan")
+  head = (f"{'runtime':34s} {'build s':>8s} {'fused p50':>10s} {'p99':>8s} {'vs torch':>9s} | {'pipelined':>9s} {'vs torch':>8s} | "
+          f"{'vision':>7s} {'policy':>7s} {'warp':>6s} | max|diff| vs ORT v/p")
   print(head + "\n" + "-" * len(head))
   for prec, p in peers.items():
     if "error" in p:
-      print(f"{'torch ' + prec:26s} error: {p['error']}")
+      print(f"{'torch ' + prec:34s} error: {p['error']}")
       continue
-    print(f"{'torch+CUDA graph ' + prec:26s} {p['compile_s']:8.1f} {p['fused']['p50']:10.3f} {p['fused']['p99']:8.3f} {1.0:9.2f} | "
-          f"{'':>7s} {'':>7s} {'':>6s} | {p['maxdiff_vision']:.3g}/{p['maxdiff_policy']:.3g}")
-    print(f"{'torch eager ' + prec:26s} {'':>8s} {p['eager']['p50']:10.3f} {p['eager']['p99']:8.3f} {p['eager']['p50'] / p['fused']['p50']:9.2f} |")
+    print(f"{'torch+CUDA graph ' + prec:34s} {p['compile_s']:8.1f} {p['fused']['p50']:10.3f} {p['fused']['p99']:8.3f} {1.0:9.2f} | "
+          f"{pipe(p):9.3f} {1.0:8.2f} | {'':>7s} {'':>7s} {'':>6s} | {p['maxdiff_vision']:.3g}/{p['maxdiff_policy']:.3g}")
+    print(f"{'torch eager ' + prec:34s} {'':>8s} {p['eager']['p50']:10.3f} {p['eager']['p99']:8.3f} {p['eager']['p50'] / p['fused']['p50']:9.2f} |")
   for r in rows:
     if "error" in r:
-      print(f"{'tinygrad ' + r['config']:26s} error: {r['error']}")
+      print(f"{'tinygrad ' + _label(r):34s} error: {r['error']}")
       continue
     peer = peers.get(r["precision"], {})
     ratio = r["fused"]["p50"] / peer["fused"]["p50"] if "fused" in peer else float("nan")
-    print(f"{'tinygrad ' + r['config']:26s} {r['compile_s']:8.1f} {r['fused']['p50']:10.3f} {r['fused']['p99']:8.3f} {ratio:9.2f} | "
+    print(f"{'tinygrad ' + _label(r):34s} {r['compile_s']:8.1f} {r['fused']['p50']:10.3f} {r['fused']['p99']:8.3f} {ratio:9.2f} | "
+          f"{pipe(r):9.3f} {pipe(r) / pipe(peer) if 'pipelined' in peer else float('nan'):8.2f} | "
           f"{r['tg_vision']['p50']:7.3f} {r['tg_policy']['p50']:7.3f} {r['warp']['p50']:6.3f} | {r['maxdiff_vision']:.3g}/{r['maxdiff_policy']:.3g}")
+  for r in rows:
+    if "search_why" in r:
+      print(f"kernel search, {_label(r)}: {r['search_why']}")
   print("times in ms per call (outputs read back to the host); 'vs torch' = p50 / torch+CUDA graph p50 of the same precision; "
-        "build = compile_artifact with its checks (tinygrad) or load + graph capture (torch)")
+        "build = compile_artifact with its checks (tinygrad) or load + graph capture (torch); "
+        f"pipelined = {PIPELINE} steps back to back and one sync, per step, no read-back: the GPU's time where the host keeps ahead "
+        "(fused - pipelined ~ the host's latency per step)")
   if a.json:
     Path(a.json).write_text(json.dumps({"torch": peers, "tinygrad": rows}, indent=1))
   shutil.rmtree(models, ignore_errors=True)

@@ -1,8 +1,9 @@
-"""Recording, tuning and re-keying the shipped CPU kernel search sets (compile/cpu_search.py holds the table and how a
-compile uses it). Tools for us, run by hand on the machine a set is for; never by a user's compile.
+"""Recording, tuning and re-keying the shipped kernel search sets, CPU and workstation GPU (compile/cpu_search.py holds the
+table and how a compile uses it). Tools for us, run by hand on the machine a set is for; never by a user's compile.
 
   .venv/bin/python -m compile.cpu_record record --size full --beam 1   # minutes to an hour; appends/replaces one set
   .venv/bin/python -m compile.cpu_record tune --size full --top 12     # then a steadier look at the slowest kernels (cpu_tune.py)
+  .venv/bin/python -m compile.cpu_record record --device CUDA          # a GPU's set (the H200's: ~5 min), keyed by its arch
   .venv/bin/python -m compile.cpu_record rekey                         # after an edit of KERNEL_SOURCES meant to keep the kernels
 """
 from __future__ import annotations
@@ -47,28 +48,42 @@ def export(db: Path, beam: int) -> list[dict[str, Any]]:
   return sorted(out, key=lambda e: e["ast"])
 
 
-def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout: str, table_path: Path = TABLE, seed: int = 0) -> dict[str, Any]:
+def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout: str, table_path: Path = TABLE, seed: int = 0,
+           device: str = "CPU") -> dict[str, Any]:
   """Search the reference models' kernels once (a compile in a child under BEAM with a fresh cache file) and store the
   result as one set of the table, replacing a set with the same match key."""
   with tempfile.TemporaryDirectory(prefix="modeld-msm-search-") as td:
     models = write_models(Path(td) / "models", size, seed)
     db = Path(td) / "search.db"
     code = ("import sys; from compile.build import compile_artifact; "
-            f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(camera)!r}, 'CPU', "
+            f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(camera)!r}, {device!r}, "
             f"{str(Path(td) / 'artifact')!r}, precision={precision!r}, layout={layout!r}, search='off')")
     # the search times kernels split for, and run on, this machine's cores, their parts in parallel as the runtime runs them
     # (artifact/cpu_threads.py); the set only matches a compile with the same thread count
     env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "PARALLEL": str(os.cpu_count() or 1), "MODELD_CPU_PARTS": "parallel"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).resolve().parents[1])
-    compute, _ = precision_mod.choose("CPU", precision)
-    use_layout, _ = cpu_layout.choose("CPU", layout)
-    key = cpu_search.match_key(device="CPU", precision=compute, layout=use_layout, camera=camera,
+    compute, _ = precision_mod.choose(device, precision)
+    use_layout, _ = cpu_layout.choose(device, layout)
+    key = cpu_search.match_key(device=device, precision=compute, layout=use_layout, camera=camera,
                     model_sha256={k: sha256_file(m.path) for k, m in models.items()})
     entries = export(db, beam)
-  cpu = cpu_info()
-  recorded = {"match": key, "beam": beam, "recorded_on": f"{cpu.model} ({cpu.cores} cores)", "size": size, "seed": seed, "entries": entries}
+  recorded = {"match": key, "beam": beam, "recorded_on": _recorded_on(device), "size": size, "seed": seed, "entries": entries}
   cpu_search.store(recorded, table_path)
   return recorded
+
+
+def _recorded_on(device: str) -> str:
+  cpu = cpu_info()
+  if device.split(":")[0] == "CPU":
+    return f"{cpu.model} ({cpu.cores} cores)"
+  name = ""
+  if device in ("CUDA", "NV"):   # the GPU's marketing name is only for people reading the table; the key is its arch
+    try:
+      name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                            timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+      name = ""
+  return f"{name or device} {cpu_search.device_isa(device)} ({cpu.model} host)"
 
 
 def tune(size: str, camera: tuple[int, int], precision: str, layout: str, top: int, table_path: Path = TABLE, seed: int = 0,
@@ -107,7 +122,10 @@ def rekey(table_path: Path = TABLE, log=print) -> int:
   kept, carried = [s for s in table["sets"] if s["match"]["code"] == code], []
   for s in (s for s in table["sets"] if s["match"]["code"] != code):
     m = s["match"]
-    label = f"{s['size']} {m['camera'][0]}x{m['camera'][1]} {m['precision']} {m['isa']} {m['threads']} thread(s)"
+    label = f"{s['size']} {m['camera'][0]}x{m['camera'][1]} {m['precision']} {m['device']} {m['isa']} {m['threads']} thread(s)"
+    if m["device"] != "CPU" and not _can_run(m["device"], m["isa"]):
+      log(f"[rekey] {label}: needs a {m['device']} {m['isa']} GPU to replay; left out, record it again on one")
+      continue
     with tempfile.TemporaryDirectory(prefix="modeld-msm-rekey-") as td:
       models = write_models(Path(td) / "models", s["size"], s.get("seed", 0))
       if {k: sha256_file(v.path) for k, v in models.items()} != m["models"]:
@@ -118,7 +136,7 @@ def rekey(table_path: Path = TABLE, log=print) -> int:
       write_atomic(cand_path, cpu_search.table_bytes({"format": cpu_search.FORMAT, "sets": [candidate]}))
       out = Path(td) / "artifact"
       child = ("from compile.build import compile_artifact; "
-               f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(m['camera'])!r}, 'CPU', "
+               f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(m['camera'])!r}, {m['device']!r}, "
                f"{str(out)!r}, precision={m['precision']!r}, layout={'on' if m['layout'] else 'off'!r}, search='auto', log=lambda *_: None)")
       env = {**os.environ, "CACHEDB": str(db), "NUM_CPU_THREADS": str(m["threads"]), "MODELD_CPU_PARTS": "parallel",
              cpu_search.TABLE_ENV: str(cand_path)}
@@ -138,14 +156,22 @@ def rekey(table_path: Path = TABLE, log=print) -> int:
   return len(carried)
 
 
+def _can_run(device: str, isa: str) -> bool:
+  try:
+    return cpu_search.device_isa(device) == isa
+  except Exception:   # tinygrad raises whatever its interfaces raise where that GPU is absent
+    return False
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description="record, tune or re-key the shipped CPU kernel search for the reference models")
   ap.add_argument("cmd", choices=("record", "tune", "rekey"))
   ap.add_argument("--size", default="full")
   ap.add_argument("--camera", default="1928x1208")
   ap.add_argument("--beam", type=int, default=1)
-  ap.add_argument("--precision", default="fp32")
+  ap.add_argument("--precision", default="auto", help="auto: fp32 on a CPU, fp16 on a GPU (as compile)")
   ap.add_argument("--layout", default="auto")
+  ap.add_argument("--device", default="CPU", help="record: CPU, or a workstation GPU (CUDA, NV, AMD) this machine has")
   ap.add_argument("--top", type=int, default=12, help="tune: how many of the step's slowest kernels to re-search")
   ap.add_argument("--new", action="store_true", help="tune: with no recorded set, start one from tinygrad's heuristic opts")
   a = ap.parse_args()
@@ -155,7 +181,7 @@ def main() -> int:
     r = tune(a.size, parse_camera(a.camera), a.precision, a.layout, a.top, new=a.new)
     print(f"{tuned_count(r)} kernels of the set differ from its search ({a.top} re-searched this pass) in {TABLE}")
   else:
-    r = record(a.size, parse_camera(a.camera), a.beam, a.precision, a.layout)
+    r = record(a.size, parse_camera(a.camera), a.beam, a.precision, a.layout, device=a.device)
     print(f"recorded {len(r['entries'])} kernels into {TABLE}")
   return 0
 

@@ -1,4 +1,5 @@
-"""Kernel search for CPU artifacts, done once by us and shipped in the repository, so a user's compile never pays it.
+"""Kernel search for CPU (and workstation GPU) artifacts, done once by us and shipped in the repository, so a user's compile
+never pays it.
 
 tinygrad picks each kernel's optimisations (upcasts, unrolls, ...) by a hand-written heuristic, or by timing candidates
 (BEAM=n). On the 2-core AMD EPYC the heuristic leaves fp32 matrix products at 10-16 GFLOP/s where BEAM=1 finds 50; but a
@@ -9,12 +10,16 @@ precision and layout) loads the set into tinygrad's own search cache (tinygrad.h
 search reads first) and captures under BEAM: every kernel is then a cache hit, compiled once with the recorded opts.
 A compile of anything else keeps the heuristic: a miss under BEAM would start the search the table exists to avoid.
 
+A GPU set (CUDA/NV/AMD) works the same way and is keyed by the GPU's architecture (tinygrad's Device.arch, e.g. sm_90):
+on an H200 tinygrad's heuristic opts leave the fused step at ~1.5x PyTorch's CUDA graph, and a BEAM=1 search there is 5
+minutes of a user's compile whose result varies from run to run with the timings it sees. A GPU set is used only on the
+architecture it was timed on (there is no "nearest" GPU to borrow from).
+
 The table is JSON (op names and integers), not pickles: it is reviewed data, and loading it runs nothing.
 The recorded set is recorded in the artifact's manifest ("search"). Recording, tuning and re-keying: compile/cpu_record.py.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -35,7 +40,7 @@ TABLE = Path(__file__).with_name("cpu_search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (offcar/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
-TABLE_SHA256: str | None = "26a146bc01867e1ca7430df3cc14d1972bcf7f24431e16455b074aa536198ffe"
+TABLE_SHA256: str | None = "27f4a76fee3262d681de71c0078943e3736d4bc2ff4b911f5d5e164dd41d8fc0"
 SEARCHES = ("auto", "off", "untuned")
 # which level's set to borrow where none is shipped for this CPU's: the nearest first
 ISA_PREFERENCE = ("avx2", "avx512", "neon", "base")
@@ -67,16 +72,51 @@ KERNEL_SOURCES = ("program.py", "warp.py", "cpu_layout.py", "cpu_pointwise.py")
 
 def code_fingerprint() -> str:
   """Of the code, not its text: the syntax trees without docstrings, so fixing a comment or a docstring keeps the sets."""
+  return fingerprint_of([Path(__file__).with_name(name).read_text() for name in KERNEL_SOURCES])
+
+
+def fingerprint_of(sources: list[str]) -> str:
+  """Written by _dump, not ast.dump, whose text changes with the Python version (3.12 added type_params to every function
+  and class): a set recorded on a 3.12 box (the GPU host, the car) must match on a 3.11 one. Uses nothing but ast and
+  hashlib, so a test can run it under other Pythons."""
+  import ast
+  import hashlib
   h = hashlib.sha256()
-  for name in KERNEL_SOURCES:
-    tree = ast.parse(Path(__file__).with_name(name).read_text())
+  for src in sources:
+    tree = ast.parse(src)
     for node in ast.walk(tree):
       body = getattr(node, "body", None)
       if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and isinstance(body, list) and body
           and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
         node.body = body[1:] or [ast.Pass()]
-    h.update(ast.dump(tree).encode())
+    h.update(_dump(tree).encode())
   return h.hexdigest()[:16]
+
+
+def _dump(node: Any) -> str:
+  """A syntax tree as text, leaving out fields that are empty or None (where newer Pythons add fields, they default so)."""
+  import ast
+  if isinstance(node, ast.AST):
+    fields = (f"{f}={_dump(v)}" for f in node._fields if (v := getattr(node, f, None)) is not None and v != [])
+    return f"{type(node).__name__}({','.join(fields)})"
+  if isinstance(node, list):
+    return "[" + ",".join(_dump(x) for x in node) + "]"
+  return repr(node)
+
+
+GPU_DEVICES = ("CUDA", "NV", "AMD")
+
+
+def device_isa(device: str) -> str:
+  """What a set's opts were timed on: the CPU's ISA level, a GPU's architecture (sm_90, gfx1100), else the device's name
+  (QCOM: no shipped sets)."""
+  base = device.split(":")[0]
+  if base == "CPU":
+    return cpu_info().isa
+  if base in GPU_DEVICES:
+    from tinygrad import Device
+    return str(getattr(Device[device], "arch", None) or base)
+  return base
 
 
 def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, int], model_sha256: dict[str, str],
@@ -85,10 +125,12 @@ def match_key(*, device: str, precision: str, layout: bool, camera: tuple[int, i
   would be searched under BEAM, the wait the table exists to spare. The thread count is part of it: tinygrad splits
   kernels into that many parts (artifact/cpu_threads.py), so another count gives other kernels. The ISA level is part of it
   too: the kernels are the same, but opts timed on AVX-512 are not the best on AVX2 (choose() falls back to another level's
-  set, and says so, where this one has none)."""
+  set, and says so, where this one has none). A GPU's kernels are not split (threads 1); its "isa" is its architecture."""
+  if threads is None:
+    threads = cpu_threads.count() if device.split(":")[0] == "CPU" else 1
   return {"tinygrad": installed_versions()["tinygrad"], "device": device, "precision": precision, "layout": layout, "camera": list(camera),
-          "threads": cpu_threads.count() if threads is None else threads, "models": dict(sorted(model_sha256.items())), "code": code_fingerprint(),
-          "isa": cpu_info().isa if isa is None else isa}
+          "threads": threads, "models": dict(sorted(model_sha256.items())), "code": code_fingerprint(),
+          "isa": device_isa(device) if isa is None else isa}
 
 
 def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str]:
@@ -97,12 +139,17 @@ def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = N
     raise UserError(f"unknown search {requested!r}: use one of {', '.join(SEARCHES)}")
   if requested == "off":
     return None, "requested"
-  if key["device"] != "CPU":
+  if key["device"] not in ("CPU", *GPU_DEVICES):
     return None, f"no shipped search for {key['device']}"
   if CACHELEVEL.value < 1 or IGNORE_BEAM_CACHE.value:
     return None, "tinygrad's search cache is disabled (CACHELEVEL/IGNORE_BEAM_CACHE): a shipped search could not be replayed"
   table = load_table() if table is None else table
   exact = [s for s in table["sets"] if s["match"] == key]
+  if key["device"] != "CPU" and not exact:
+    others = sorted({s["match"]["isa"] for s in table["sets"] if s["match"]["device"] == key["device"]})
+    return None, (f"no shipped search for {key['device']} {key['isa']} with these models/camera/precision"
+                  + (f" (shipped for {', '.join(others)} only)" if others else "") + ": tinygrad's heuristic opts; "
+                  f"record one with `python -m compile.cpu_record record --device {key['device']}` on such a GPU")
   # another ISA level's set: the same kernels, with opts timed elsewhere; still far better than the heuristic on the full models
   other = [s for s in table["sets"] if {**s["match"], "isa": key.get("isa")} == key]
   for s in exact or sorted(other, key=lambda s: ISA_PREFERENCE.index(s["match"].get("isa")) if s["match"].get("isa") in ISA_PREFERENCE else 99):

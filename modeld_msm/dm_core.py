@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from artifact.format import VerifiedArtifact, verify_artifact
-from artifact.load import load_programs
+from artifact.load import load_programs, read_output
 from modeld_msm.constants import SEND_RAW_PRED
 from modeld_msm.dm_outputs import fill_driver_state, parse_dm_outputs
 from modeld_msm.frame_tensors import FrameTensors
@@ -88,7 +88,7 @@ class DMonitoringCore:
   def run(self, buf: np.ndarray) -> np.ndarray:
     """The raw output vector (float32) for one driver-camera buffer under the current calib and warp matrix."""
     frame = self.frames.get("driver", buf, upload=True)
-    return self.jit(frame, self.host_t["m_inv"], self.host_t["calib"]).numpy().reshape(-1)
+    return read_output(self.jit(frame, self.host_t["m_inv"], self.host_t["calib"]))
 
   def on_frame(self, main: Frame, extra: Frame | None = None, log_mono_time: int | None = None) -> list[tuple[str, bytes]]:
     self.stats.frames += 1

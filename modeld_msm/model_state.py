@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from artifact.format import VerifiedArtifact, verify_artifact
-from artifact.load import load_programs
+from artifact.load import load_programs, read_output
 from modeld_msm.constants import DESIRE_LEN, SEND_RAW_PRED
 from modeld_msm.frame_tensors import FrameTensors
 from modeld_msm.host_inputs import HostInputs
@@ -80,7 +80,7 @@ class ModelState:
       return None, None
     t0 = time.perf_counter()
     v, p = self._call(self.policy_jit, frame, big_frame)
-    vision, policy = v.numpy().reshape(-1), p.numpy().reshape(-1)
+    vision, policy = read_output(v), read_output(p)
     t1 = time.perf_counter()
     out = {**parse_vision_outputs(slice_outputs(vision, self.vision_slices)), **parse_policy_outputs(slice_outputs(policy, self.policy_slices))}
     raw = np.concatenate([vision, policy])

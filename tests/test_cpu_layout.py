@@ -174,6 +174,48 @@ def test_search_sets_are_keyed_by_isa_level_and_borrowed_with_a_reason():
   assert cpu_search.choose("auto", _key(isa="avx2", precision="fp16"), table)[0] is None   # only the level may differ
 
 
+def test_gpu_sets_match_only_the_architecture_they_were_timed_on():
+  """A GPU set (bench/bench_gpu.py: the H200's made the default CUDA artifact's GPU time 0.53-0.65x PyTorch's) is used on its
+  own architecture only; another GPU, another runtime and the CPU get the heuristic, and the reason names what is shipped."""
+  gpu = dict(device="CUDA", precision="fp16", layout=False, isa="sm_90")
+  assert _key(**gpu)["threads"] == 1   # tinygrad does not split a GPU's kernels
+  h200 = {"match": _key(**gpu), "beam": 1, "recorded_on": "NVIDIA H200 sm_90", "entries": []}
+  table = {"format": cpu_search.FORMAT, "sets": [h200]}
+  got, why = cpu_search.choose("auto", _key(**gpu), table)
+  assert got is h200 and "recorded on NVIDIA H200 sm_90" in why
+  got, why = cpu_search.choose("auto", _key(**{**gpu, "isa": "sm_89"}), table)
+  assert got is None and "no shipped search for CUDA sm_89" in why and "shipped for sm_90 only" in why and "--device CUDA" in why
+  for other in (_key(**{**gpu, "device": "NV"}), _key(**{**gpu, "precision": "fp32"}), _key(isa="avx2"), _key(isa="avx512")):
+    assert cpu_search.choose("auto", other, table)[0] is None
+  assert cpu_search.choose("off", _key(**gpu), table) == (None, "requested")
+  assert cpu_search.choose("auto", _key(device="QCOM", precision="fp16", layout=False, isa="QCOM"), table)[0] is None
+
+
+def test_code_fingerprint_is_the_same_under_every_python_here():
+  """The GPU host and the car run Python 3.12, CI 3.11: ast.dump's text differs between them (3.12 added type_params), so a
+  fingerprint made from it never matched across versions. fingerprint_of runs unchanged under each other Python found."""
+  import inspect
+  import shutil
+  found = [shutil.which(f"python3.{m}") for m in (10, 12, 13)] + sorted(map(str, Path.home().glob(".pyenv/versions/3.1*/bin/python3")))
+  others = list(dict.fromkeys(p for p in found if p))
+  if not others:
+    pytest.skip("no other Python (3.10, 3.12, 3.13 on PATH or under ~/.pyenv) to compare with")
+  src = Path(cpu_search.__file__).parent
+  texts = [(src / n).read_text() for n in cpu_search.KERNEL_SOURCES]
+  prog = (f"from typing import Any\n{inspect.getsource(cpu_search._dump)}\n{inspect.getsource(cpu_search.fingerprint_of)}\n"
+          "import json, sys\nprint(fingerprint_of(json.load(sys.stdin)))\n")
+  ran = 0
+  for py in others:
+    r = subprocess.run([py, "-c", prog], input=json.dumps(texts), capture_output=True, text=True, timeout=60)
+    if r.returncode == 127:   # a pyenv shim for a version it does not select
+      continue
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == cpu_search.code_fingerprint(), (py, r.stdout)
+    ran += 1
+  if not ran:
+    pytest.skip("the other Pythons on PATH do not run")
+
+
 def test_isa_level_from_cpuinfo():
   from artifact.cpu_info import cpu_info
   flags = "fpu sse2 avx f16c fma avx2"
@@ -191,7 +233,12 @@ def test_shipped_table_is_well_formed():
   table = cpu_search.load_table()
   for s in table["sets"]:
     assert set(s["match"]) == {"tinygrad", "device", "precision", "layout", "camera", "threads", "models", "code", "isa"}
-    assert s["match"]["isa"] in cpu_search.ISA_PREFERENCE
+    if s["match"]["device"] == "CPU":
+      assert s["match"]["isa"] in cpu_search.ISA_PREFERENCE
+    else:   # a GPU's set: its architecture, one part per kernel, its kernels on that device
+      assert s["match"]["device"] in cpu_search.GPU_DEVICES and s["match"]["isa"].startswith(("sm_", "gfx"))
+      assert s["match"]["threads"] == 1 and {e["device"] for e in s["entries"]} == {s["match"]["device"]}
+    assert s["match"]["code"] == cpu_search.code_fingerprint()   # a set for older code can never match: rekey or record it
     assert s["beam"] >= 1 and s["entries"]
     threads = s["match"]["threads"]
     for e in s["entries"]:
