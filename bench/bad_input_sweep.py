@@ -385,6 +385,26 @@ class Result:
 
 
 def run_case(case: Case, ws: Workspace) -> Result:
+  """An interrupt case whose command finished before its SIGINT (a warm cache, a fast box) tested nothing: it runs again,
+  interrupted at half the time the finished run took, up to three times."""
+  for _ in range(3):
+    outputs = [p for p in case.outputs(ws) if not p.exists()]
+    r = _run_once(case, ws)
+    if case.interrupt_after is None or r.detail != FINISHED_FIRST:
+      return r
+    for o in outputs:
+      if o.is_dir():
+        shutil.rmtree(o, ignore_errors=True)
+      else:
+        o.unlink(missing_ok=True)
+    case = dataclasses.replace(case, interrupt_after=max(0.5, r.seconds / 2))
+  return dataclasses.replace(r, verdict="ok", detail=f"finished in {r.seconds:.1f} s, before any interrupt could land")
+
+
+FINISHED_FIRST = "finished before the interrupt"
+
+
+def _run_once(case: Case, ws: Workspace) -> Result:
   case.setup(ws)
   argv = [str(a) for a in case.argv(ws)]
   watched = case.watch(ws)
@@ -405,9 +425,11 @@ def run_case(case: Case, ws: Workspace) -> Result:
   t0 = time.perf_counter()
   p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec,
                        start_new_session=True)
+  interrupted = False
   try:
     out, err = p.communicate(timeout=case.interrupt_after if case.interrupt_after is not None else case.timeout)
   except subprocess.TimeoutExpired:
+    interrupted = True
     if case.interrupt_after is None:
       os.killpg(p.pid, signal.SIGKILL)
       p.communicate()
@@ -434,6 +456,8 @@ def run_case(case: Case, ws: Workspace) -> Result:
     return Result(case, "half", rc, dt, f"left behind: {(leftovers + made)[0]}")
   if case.expect == "ok":
     return Result(case, "ok" if rc == 0 else "silent", rc, dt, "" if rc == 0 else f"a control case failed: {err_tail[:160]}")
+  if rc == 0 and case.interrupt_after is not None and not interrupted:
+    return Result(case, "ok", rc, dt, FINISHED_FIRST)
   if rc == 0:
     return Result(case, "ok", rc, dt, "") if case.expect == "either" else Result(case, "silent", rc, dt, "exit 0 on bad input")
   if case.interrupt_after is not None:

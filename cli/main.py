@@ -47,6 +47,14 @@ def _missing_extra(e: ModuleNotFoundError) -> str | None:
   return f"this needs {top}, which comes with the [{extra}] extra: pip install 'modeld-msm[{extra}]' (the car's base install leaves it out)"
 
 
+def _no_device(e: RuntimeError) -> str | None:
+  """tinygrad's word when every backend failed to open: on a full disk or under a file-size limit its caches cannot be written."""
+  if str(e) != "no usable devices":
+    return None
+  return ("tinygrad could open no device (each backend failed to start; a full disk or a file-size limit stops its caches too); "
+          "free space, or check the device with `modeld-msm doctor`")
+
+
 def _load(name: str):
   return importlib.import_module(f"cli.commands.{name.replace('-', '_')}")
 
@@ -73,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
           print(f"modeld-msm {name}: error: {line}", file=sys.stderr)
           return 2
         raise
+      except RuntimeError as e:   # tinygrad picks its default device at import (tinygrad.nn.onnx builds tensors then)
+        if (line := _no_device(e)) is None:
+          raise
+        print(f"modeld-msm {name}: error: {line}", file=sys.stderr)
+        return 2
       mod.add_arguments(p)
       p.set_defaults(_run=mod.run)
   args = parser.parse_args(argv)
@@ -96,11 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"modeld-msm {args.command}: error: {line}", file=sys.stderr)
     return 2
   except RuntimeError as e:
-    # tinygrad's word when every backend failed to open: on a full disk or under a file-size limit its caches cannot be written
-    if str(e) != "no usable devices":
+    if (line := _no_device(e)) is None:
       raise
-    print(f"modeld-msm {args.command}: error: tinygrad could open no device (each backend failed to start; a full disk or a "
-          "file-size limit stops its caches too); free space, or check the device with `modeld-msm doctor`", file=sys.stderr)
+    print(f"modeld-msm {args.command}: error: {line}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
     return 130

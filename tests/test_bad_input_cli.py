@@ -83,3 +83,22 @@ def test_an_artifact_of_ours_and_an_empty_folder_are_replaceable(cpu_artifact_19
   os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
   with pytest.raises(UserError, match="not a folder"):
     check_replaceable(tmp_path / "dangling", markers, "artifact")
+
+
+@pytest.mark.parametrize("command", ["replay", "compile"])
+def test_no_device_while_a_command_loads_is_one_line(tmp_path, command):
+  """Under a file-size limit (a full disk) tinygrad opens no device; the command modules pick tinygrad's default device at
+  import (tinygrad.nn.onnx builds tensors then), before the command runs: still one line, exit 2."""
+  import resource
+  import signal
+  import subprocess
+  import sys
+
+  def limited() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, 20 * 1024))
+  env = {**os.environ, "CACHEDB": str(tmp_path / "cache.db"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+  env.pop("DEV", None)
+  r = subprocess.run([sys.executable, "-m", "cli.main", command, "--help"], capture_output=True, text=True, timeout=120,
+                     cwd=Path(__file__).resolve().parents[1], env=env, preexec_fn=limited)
+  _refused(r, "tinygrad could open no device", "free space")

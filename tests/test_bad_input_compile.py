@@ -119,6 +119,19 @@ def test_compile_cli_refuses_a_crafted_model_before_running_its_metadata(which, 
   assert not out.exists() and "[compile] loading" not in r.stdout
 
 
+def test_dmonitoring_compile_refuses_a_crafted_model_before_running_its_metadata(dm_model, tmp_path):
+  """The driver-monitoring model's output_slices go through the same restricted decoder (issue 24 item 2: "the DM ... models
+  to come")."""
+  marker = tmp_path / "RAN"
+  crafted = _with_props(dm_model, tmp_path / "dmonitoring_model.onnx", output_slices=_payload(marker))
+  out = tmp_path / "out"
+  r = run_cli("compile", "--dmonitoring", crafted, "--device", "CPU", "-o", out, timeout=120)
+  err = _one_line_error(r, "compile")
+  assert "mkdir" in err and str(crafted) in err, err
+  assert not marker.exists(), "the model file's payload ran"
+  assert not out.exists()
+
+
 def test_release_cli_refuses_a_crafted_model_before_running_its_metadata(tiny_models, tmp_path):
   marker = tmp_path / "RAN"
   vision = _with_props(tiny_models / "driving_vision.onnx", tmp_path / "driving_vision.onnx", output_slices=_payload(marker, 0))
