@@ -24,11 +24,21 @@ POLICY_INPUTS = {
 }
 # the driver-monitoring model: the warped driver-camera Y plane (1440x960) and rpyCalib (docs: openpilot's DM contract)
 DM_INPUTS = {"input_img": ((1, 1440 * 960), {"uint8"}), "calib": ((1, 3), {"float32", "float16"})}
-INPUTS: dict[str, dict[str, Any]] = {"vision": VISION_INPUTS, "policy": POLICY_INPUTS, "dmonitoring": DM_INPUTS}
+# openpilot master's combined driving model (PR #38173): 24 past features (the graph appends this frame's) and the action delays
+SUPERCOMBO_INPUTS = {**VISION_INPUTS, "features_buffer": ((1, 24, 512), {"float16", "float32"}),
+                     "desire_pulse": POLICY_INPUTS["desire_pulse"], "traffic_convention": POLICY_INPUTS["traffic_convention"],
+                     "action_t": ((1, 2), {"float16", "float32"})}
+INPUTS: dict[str, dict[str, Any]] = {"vision": VISION_INPUTS, "policy": POLICY_INPUTS, "dmonitoring": DM_INPUTS, "supercombo": SUPERCOMBO_INPUTS}
+# what each contract's file is called in openpilot's tree, for messages
+FILES = {"vision": "driving_vision.onnx (openpilot 0.11)", "policy": "driving_policy.onnx (openpilot 0.11)",
+         "dmonitoring": "dmonitoring_model.onnx", "supercombo": "driving_supercombo.onnx (openpilot master since PR #38173)"}
 # the heads dmonitoringmodeld parses, per driver side; sleep_prob (0.11.1) is read when present
 DM_HEADS = ("face_descs", "face_prob", "left_eye_prob", "right_eye_prob", "left_blink_prob", "right_blink_prob", "sunglasses_prob",
             "using_phone_prob")
-REQUIRED_SLICES = {"vision": ("hidden_state",), "policy": ("plan", "desire_state"),
+# master's parser needs every head but action (optional: the plan is the fallback) and hidden_state (fed back, not parsed)
+SUPERCOMBO_HEADS = ("lane_lines", "lane_lines_prob", "road_edges", "meta", "desire_pred", "pose", "wide_from_device_euler",
+                    "road_transform", "plan", "lead", "lead_prob", "desire_state")
+REQUIRED_SLICES = {"vision": ("hidden_state",), "policy": ("plan", "desire_state"), "supercombo": (*SUPERCOMBO_HEADS, "hidden_state"),
                    "dmonitoring": (*(f"{h}_{s}" for s in ("lhd", "rhd") for h in DM_HEADS), "wheel_on_right")}
 # widths the parsers rely on: 6 means + 6 log-stds per face; every other DM head is one value
 SLICE_WIDTHS = {"dmonitoring": {f"face_descs_{s}": 12 for s in ("lhd", "rhd")}}
@@ -90,6 +100,29 @@ def _index_ok(s: slice) -> bool:
   return ints and s.step in (None, 1)
 
 
+def contract_of(inputs: dict[str, Any]) -> str | None:
+  """Which of openpilot's model contracts a graph's input names say it is (None: none of them). Names decide, shapes are
+  checked afterwards against the contract: a features_buffer with action_t beside it is master's combined model."""
+  names = set(inputs)
+  if "action_t" in names or {"img", "features_buffer"} <= names:
+    return "supercombo"
+  if "input_img" in names:
+    return "dmonitoring"
+  if "features_buffer" in names:
+    return "policy"
+  if "img" in names:
+    return "vision"
+  return None
+
+
+def _where(kind: str) -> str:
+  if kind == "supercombo":
+    return "compiling master's combined model is not built yet (issue 27): use openpilot 0.11's vision + policy pair"
+  if kind == "dmonitoring":
+    return "compile it with --dmonitoring"
+  return f"pass it as --{kind}"
+
+
 def encode_output_slices(slices: dict[str, slice]) -> str:
   return base64.b64encode(pickle.dumps(slices)).decode()
 
@@ -115,6 +148,8 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   inits = {i.name for i in graph.initializer}
   inputs = {i.name: i for i in graph.input if i.name not in inits}
   expected = INPUTS[kind]
+  if (other := contract_of(inputs)) not in (None, kind):
+    raise UserError(f"{path.name} is the {other} model, {FILES[other]}, not the {kind} model {FILES[kind]}; {_where(other)}")
   for name, (shape, dtypes_ok) in expected.items():
     if name not in inputs:
       raise UserError(f"{kind} model {path.name} has no input '{name}' (inputs: {', '.join(inputs) or 'none'}); is this the right model file?")
@@ -154,8 +189,10 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   for name in (n for n in slices if kind == "dmonitoring" and n in DM_SCALARS):
     if (s := slices[name]).stop - (s.start or 0) != 1:
       raise UserError(f"{kind} model {path.name}: its {name} slice {s} is not one value wide, as openpilot's parser reads it")
-  if kind == "vision" and (hs := slices["hidden_state"]).stop - (hs.start or 0) != FEATURE_LEN:
-    raise UserError(f"vision model {path.name}: its hidden_state slice {hs} is not {FEATURE_LEN} wide, the policy's features_buffer rows")
+  if kind in ("vision", "supercombo") and (hs := slices["hidden_state"]).stop - (hs.start or 0) != FEATURE_LEN:
+    raise UserError(f"{kind} model {path.name}: its hidden_state slice {hs} is not {FEATURE_LEN} wide, the policy's features_buffer rows")
+  if kind == "supercombo" and "action" in slices and (a := slices["action"]).stop - (a.start or 0) < 2:
+    raise UserError(f"supercombo model {path.name}: its action slice {a} is narrower than the 2 values modeld reads")
   return OnnxModelInfo(path, kind, sha256_file(path), {k: _dims(v) for k, v in inputs.items()},
                        {k: _dtype_name(v) for k, v in inputs.items()},
                        out_shapes, slices, {k: v for k, v in meta.items() if k != "output_slices"})

@@ -113,7 +113,7 @@ def test_compile_refuses_a_model_off_the_contract_in_one_line(tmp_path, cli):
   (tmp_path / "m" / "dmonitoring_model.onnx").write_bytes(build_model("vision", "tiny", 0).SerializeToString())   # the wrong model
   r = cli("compile", "--dmonitoring", tmp_path / "m" / "dmonitoring_model.onnx", "-o", tmp_path / "out", timeout=300)
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-  assert "has no input 'input_img'" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+  assert "is the vision model" in r.stderr and "pass it as --vision" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
   assert not (tmp_path / "out").exists()
 
 

@@ -1,18 +1,21 @@
 """`modeld-msm models`: write reference models with openpilot's I/O contracts: the driving pair (driving_vision.onnx +
-driving_policy.onnx) or the driver-monitoring model (dmonitoring_model.onnx)."""
+driving_policy.onnx), master's combined driving model (driving_supercombo.onnx, the pair of the same seed fused) or the
+driver-monitoring model (dmonitoring_model.onnx)."""
 from __future__ import annotations
 
 from compile.dm_refmodel import write_dm_model
 from compile.refmodels import write_models
+from compile.supercombo_refmodel import write_supercombo_model
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
 
 
 def add_arguments(parser) -> None:
-  parser.add_argument("--contract", choices=("driving", "dmonitoring"), default="driving",
-                      help="driving: 0.11's vision + policy pair (default); dmonitoring: the driver-monitoring model")
+  parser.add_argument("--contract", choices=("driving", "supercombo", "dmonitoring"), default="driving",
+                      help="driving: 0.11's vision + policy pair (default); supercombo: master's combined driving model (the pair of "
+                           "this seed fused into one graph, with an action head); dmonitoring: the driver-monitoring model")
   parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: openpilot 0.11.1's budget")
-  parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the two .onnx files into (created if missing)")
+  parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the .onnx file(s) into (created if missing)")
   parser.add_argument("--seed", type=integer(0), default=0, help="weight seed; the same seed writes identical bytes (default 0)")
 
 
@@ -21,6 +24,8 @@ def run(args) -> int:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
   if args.contract == "dmonitoring":
     written = {"dmonitoring": write_dm_model(args.output, args.size, args.seed)}
+  elif args.contract == "supercombo":
+    written = {"supercombo": write_supercombo_model(args.output, args.size, args.seed)}
   else:
     written = write_models(args.output, args.size, args.seed)
   for kind, w in written.items():
