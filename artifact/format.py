@@ -31,8 +31,11 @@ DEVICES = ("CPU", "QCOM", "CUDA", "NV", "AMD")
 POLICY_PKL, WARP_PKL = "driving_policy.pkl", "driving_warp.pkl"
 DM_PKL = "dmonitoring_model.pkl"
 # what each kind of artifact holds (metadata "kind"; artifacts written before there was more than one are driving ones)
-PROGRAMS = {"driving": (POLICY_PKL, WARP_PKL), "dmonitoring": (DM_PKL,)}
-KIND_NAMES = {"driving": "driving model (modeld)", "dmonitoring": "driver-monitoring model (dmonitoringmodeld)"}
+PROGRAMS = {"driving": (POLICY_PKL, WARP_PKL), "dmonitoring": (DM_PKL,), "supercombo": (POLICY_PKL, WARP_PKL)}
+KIND_NAMES = {"driving": "driving model (modeld)", "dmonitoring": "driver-monitoring model (dmonitoringmodeld)",
+              "supercombo": "combined driving model of openpilot master (modeld)"}
+# the artifact kinds a process of each kind runs: modeld runs the driving model of either contract (0.11's pair, master's one)
+RUNS = {"driving": ("driving", "supercombo"), "dmonitoring": ("dmonitoring",), "supercombo": ("supercombo",)}
 REBUILD_HINT = "rebuild it with `modeld-msm compile` on this version (or `./dev demo`, which rebuilds its cache)"
 
 
@@ -220,7 +223,7 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
     require_camera(art, camera)
   if art.kind not in PROGRAMS:
     raise ArtifactError(f"artifact {path} is of kind {art.kind!r}, which this modeld-msm does not know ({', '.join(PROGRAMS)}); {REBUILD_HINT}")
-  if kind is not None and art.kind != kind:
+  if kind is not None and art.kind not in RUNS.get(kind, (kind,)):
     raise ArtifactError(f"artifact {path} holds the {KIND_NAMES[art.kind]}, not the {KIND_NAMES[kind]}; pass the artifact compiled "
                         f"for it (`modeld-msm compile {'--dmonitoring' if kind == 'dmonitoring' else '--vision/--policy'}`), or a bundle")
   for prog in PROGRAMS[art.kind]:
@@ -236,7 +239,8 @@ def require_camera(art: VerifiedArtifact, camera: tuple[int, int]) -> None:
 
 
 # where a release bundle keeps each kind's artifacts: <bundle>/<w>x<h>/ (driving), <bundle>/dmonitoring/<w>x<h>/
-KIND_DIRS = {"driving": "", "dmonitoring": "dmonitoring"}
+# a bundle holds one driving contract, at its root either way (bundle.json "contract" says which)
+KIND_DIRS = {"driving": "", "dmonitoring": "dmonitoring", "supercombo": ""}
 
 
 def resolve_artifact(path: str | Path, camera: tuple[int, int], kind: str = "driving") -> Path:
@@ -244,9 +248,10 @@ def resolve_artifact(path: str | Path, camera: tuple[int, int], kind: str = "dri
   path = Path(path)
   if (path / MANIFEST).exists():
     return path
-  sub = path / KIND_DIRS[kind] / f"{camera[0]}x{camera[1]}"
-  if (sub / MANIFEST).exists():
-    return sub
+  for k in RUNS.get(kind, (kind,)):   # a bundle holds one contract; the driving model's is looked for under either's folder
+    sub = path / KIND_DIRS[k] / f"{camera[0]}x{camera[1]}"
+    if (sub / MANIFEST).exists():
+      return sub
   have = [p.name for p in _bundle_artifacts(path / KIND_DIRS[kind])]
   if kind != "driving":
     raise ArtifactError(f"no {KIND_NAMES[kind]} artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'} "

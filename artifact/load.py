@@ -45,8 +45,8 @@ def _why(e: BaseException) -> str:
 
 
 # the arguments of each kind's programs that are camera frames (flat uint8 NV12): driving (frame, big_frame, ...),
-# dmonitoring (frame, m_inv, calib)
-FRAME_SLOTS = {"driving": (0, 1), "dmonitoring": (0,)}
+# dmonitoring (frame, m_inv, calib), supercombo (frame, big_frame, ..., action_t, tfm, big_tfm)
+FRAME_SLOTS = {"driving": (0, 1), "dmonitoring": (0,), "supercombo": (0, 1)}
 
 
 def load_programs(art: VerifiedArtifact) -> tuple[Any, ...]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from selfdrive_glue.errors import UserError, describe_os_error
@@ -102,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
       raise
     print(f"modeld-msm {args.command}: error: {line}", file=sys.stderr)
     return 2
+  except BrokenPipeError:
+    # the reader went away (`modeld-msm verify X | head`): stop quietly, as other command-line tools do, and keep Python's
+    # flush at exit from raising the same error again
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
   except OSError as e:
     # the one place a read-only or full output, or a file where a folder should be, becomes a line instead of a traceback
     if (line := describe_os_error(e)) is None:

@@ -117,7 +117,7 @@ def contract_of(inputs: dict[str, Any]) -> str | None:
 
 def _where(kind: str) -> str:
   if kind == "supercombo":
-    return "compiling master's combined model is not built yet (issue 27): use openpilot 0.11's vision + policy pair"
+    return "compile it with --model"
   if kind == "dmonitoring":
     return "compile it with --dmonitoring"
   return f"pass it as --{kind}"

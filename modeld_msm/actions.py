@@ -87,11 +87,20 @@ def action_times(long_actuator_delay: float, lateral_delay: float) -> tuple[floa
   return long_actuator_delay + LONG_SMOOTH_SECONDS + ACTION_T_OFFSET, lateral_delay + LAT_SMOOTH_SECONDS + ACTION_T_OFFSET
 
 
-def get_action(plan: np.ndarray, prev_action: Action, long_delay: float, lat_delay: float, v_ego: float) -> Action:
+def model_action_t(long_delay: float, lat_delay: float) -> np.ndarray:
+  """master's combined model's action_t input: [[lat_action_t, long_action_t]], s (docs: openpilot-master-and-dm.md §A.6)."""
+  long_t, lat_t = action_times(long_delay, lat_delay)
+  return np.array([[lat_t, long_t]], np.float32)
+
+
+def get_action(plan: np.ndarray, prev_action: Action, long_delay: float, lat_delay: float, v_ego: float,
+               head: np.ndarray | None = None) -> Action:
   """Action for this frame.
 
   plan: parsed plan head, (1, 33, 15) or (33, 15). long_delay: CarParams.longitudinalActuatorDelay, lat_delay:
   liveDelay.lateralDelay (the smoothing and step offsets are added here). v_ego: max(carState.vEgo, 0).
+  head: master's combined model's `action` output, (1, >=2): [lateral acceleration, acceleration], read directly
+  instead of the plan (master's rule, §A.7); the same smoothing follows either way.
   """
   plan = np.asarray(plan)
   if plan.ndim == 3:
@@ -100,10 +109,16 @@ def get_action(plan: np.ndarray, prev_action: Action, long_delay: float, lat_del
     raise UserError(f"plan must be ({IDX_N}, {PLAN_WIDTH}) (optionally with a batch axis), got {plan.shape}")
   long_t, lat_t = action_times(long_delay, lat_delay)
 
-  accel, should_stop = get_accel_from_plan(plan[:, Plan.VELOCITY][:, 0], plan[:, Plan.ACCELERATION][:, 0], T_IDXS, long_t)
+  if head is not None:
+    head = np.asarray(head, np.float32).reshape(-1)
+    accel = float(head[1])
+    should_stop = bool(v_ego < STOP_SPEED and accel < STOP_ACCEL)
+    curvature = float(head[0]) / max(MIN_SPEED, v_ego) ** 2
+  else:
+    accel, should_stop = get_accel_from_plan(plan[:, Plan.VELOCITY][:, 0], plan[:, Plan.ACCELERATION][:, 0], T_IDXS, long_t)
+    curvature = plan_curvature(plan, v_ego, lat_t)
   accel = smooth_value(accel, prev_action.desiredAcceleration, LONG_SMOOTH_SECONDS)
 
-  curvature = plan_curvature(plan, v_ego, lat_t)
   if v_ego > MIN_LAT_CONTROL_SPEED:
     curvature = smooth_value(curvature, prev_action.desiredCurvature, LAT_SMOOTH_SECONDS)
   else:

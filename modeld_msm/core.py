@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from artifact.format import VerifiedArtifact
-from modeld_msm.actions import Action, get_action
+from modeld_msm.actions import Action, get_action, model_action_t
 from modeld_msm.fill_msg import PublishState, fill_lane_change, fill_model_msg, fill_pose_msg, lane_change_prob
 from modeld_msm.frames import Frame
 from modeld_msm.model_state import ModelState
@@ -150,7 +150,8 @@ class ModeldCore:
       log.debug("skipping model eval, dropped %d frames", dropped)
 
     t1 = self.clock()
-    outputs, raw = self.model.run(main.buf, extra.buf, self.tfm, self.big_tfm, vec_desire, traffic_convention, prepare_only)
+    outputs, raw = self.model.run(main.buf, extra.buf, self.tfm, self.big_tfm, vec_desire, traffic_convention, prepare_only,
+                                  action_t=model_action_t(self.long_delay, lat_delay) if self.model.combined else None)
     t2 = self.clock()
     self.stats.last = StepTiming(model_s=t2 - t1)
     self.last_vipc_frame_id = main.frame_id
@@ -168,7 +169,9 @@ class ModeldCore:
 
     carstate = self.latest.get("carState", _NO_CARSTATE)
     lat_active = bool(self._get("carControl", "latActive", False))
-    action = get_action(outputs["plan"][0], self.prev_action, self.long_delay, lat_delay, v_ego)
+    # master's combined model: its action head where it has one, else the plan (0.11's pair: always the plan)
+    head = outputs["action"] if self.model.combined and "action" in outputs else None
+    action = get_action(outputs["plan"][0], self.prev_action, self.long_delay, lat_delay, v_ego, head=head)
     self.prev_action = action
 
     model_msg = messaging.new_message("modelV2")

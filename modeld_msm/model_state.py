@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tinygrad import Tensor
 
 from artifact.format import VerifiedArtifact, verify_artifact
 from artifact.load import load_programs, read_output
@@ -23,10 +24,17 @@ class ModelState:
     from tinygrad import Device
     self.device = Device.DEFAULT
     self.nv12 = nv12_info(*self.artifact.camera)
-    self.vision_slices = self.artifact.output_slices("vision")
-    self.policy_slices = self.artifact.output_slices("policy")
+    # master's combined model (kind supercombo) is one program with one output and an action_t input; 0.11's, two outputs
+    self.combined = self.artifact.kind == "supercombo"
+    if self.combined:
+      self.slices = self.artifact.output_slices("supercombo")
+    else:
+      self.vision_slices = self.artifact.output_slices("vision")
+      self.policy_slices = self.artifact.output_slices("policy")
     self.host = HostInputs.zeros()
     self.host_t = self.host.tensors()
+    self.action_t = np.zeros((1, 2), np.float32)   # [lateral, longitudinal] action delay, s (combined model only)
+    self.action_t_t = Tensor(self.action_t, device="NPY")
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
     self.frames = FrameTensors(self.device, self.nv12)
     self.last_times = (0.0, 0.0)  # (device program incl. readback, host parse) of the last run, seconds
@@ -49,7 +57,7 @@ class ModelState:
         buf.copy_from(Buffer("PYTHON", buf.size, buf.dtype, opaque=memoryview(bytearray(buf.nbytes))))
     else:
       self.policy_jit, self.warp_jit = load_programs(self.artifact)
-    for a in (self.host.desire, self.host.traffic_convention, self.host.tfm, self.host.big_tfm, self.prev_desire):
+    for a in (self.host.desire, self.host.traffic_convention, self.host.tfm, self.host.big_tfm, self.prev_desire, self.action_t):
       a[...] = 0
     self.last_times = (0.0, 0.0)
     self._warm_up()
@@ -59,11 +67,15 @@ class ModelState:
 
   def _call(self, jit, frame, big_frame):
     h = self.host_t
+    if self.combined:
+      return jit(frame, big_frame, h["desire"], h["traffic_convention"], self.action_t_t, h["tfm"], h["big_tfm"])
     return jit(frame, big_frame, h["desire"], h["traffic_convention"], h["tfm"], h["big_tfm"])
 
   def run(self, buf: np.ndarray, big_buf: np.ndarray, tfm: np.ndarray, big_tfm: np.ndarray, desire: np.ndarray,
-          traffic_convention: np.ndarray, prepare_only: bool) -> tuple[dict[str, np.ndarray] | None, np.ndarray | None]:
-    """-> (parsed outputs, raw concat) or (None, None) on a prepare-only (dropped) frame."""
+          traffic_convention: np.ndarray, prepare_only: bool,
+          action_t: np.ndarray | None = None) -> tuple[dict[str, np.ndarray] | None, np.ndarray | None]:
+    """-> (parsed outputs, raw concat) or (None, None) on a prepare-only (dropped) frame. action_t: [[lateral,
+    longitudinal]] action delays in s, which master's combined model reads (ignored by 0.11's)."""
     desire = np.asarray(desire, np.float32).copy()
     desire[0] = 0
     # a pulse only on rising edges; prev is updated on dropped frames too, so an edge there is lost (as in openpilot)
@@ -72,6 +84,8 @@ class ModelState:
     self.host.traffic_convention[:] = traffic_convention
     self.host.tfm[:] = tfm
     self.host.big_tfm[:] = big_tfm
+    if action_t is not None:
+      self.action_t[:] = action_t
     frame, big_frame = self._frame("main", buf, upload=True), self._frame("extra", big_buf, upload=True)
     if prepare_only:
       t0 = time.perf_counter()
@@ -79,11 +93,16 @@ class ModelState:
       self.last_times = (time.perf_counter() - t0, 0.0)
       return None, None
     t0 = time.perf_counter()
-    v, p = self._call(self.policy_jit, frame, big_frame)
-    vision, policy = read_output(v), read_output(p)
-    t1 = time.perf_counter()
-    out = {**parse_vision_outputs(slice_outputs(vision, self.vision_slices)), **parse_policy_outputs(slice_outputs(policy, self.policy_slices))}
-    raw = np.concatenate([vision, policy])
+    if self.combined:
+      raw = read_output(self._call(self.policy_jit, frame, big_frame))
+      t1 = time.perf_counter()
+      out = parse_policy_outputs(parse_vision_outputs(slice_outputs(raw, self.slices)))
+    else:
+      v, p = self._call(self.policy_jit, frame, big_frame)
+      vision, policy = read_output(v), read_output(p)
+      t1 = time.perf_counter()
+      out = {**parse_vision_outputs(slice_outputs(vision, self.vision_slices)), **parse_policy_outputs(slice_outputs(policy, self.policy_slices))}
+      raw = np.concatenate([vision, policy])
     self.last_times = (t1 - t0, time.perf_counter() - t1)
     if SEND_RAW_PRED:
       out["raw_pred"] = raw.copy()

@@ -31,6 +31,8 @@ from compile.dm_build import compile_dm_artifact
 from compile.dm_refmodel import write_dm_model
 from compile.precision import choose
 from compile.refmodels import write_models
+from compile.supercombo_build import compile_supercombo_artifact
+from compile.supercombo_refmodel import write_supercombo_model
 from modeld_msm.constants import X_IDXS
 from offcar import dm_accuracy
 from offcar.accuracy import CURVATURE_CORR_LIMIT, LANE_ERROR_DISTANCE, LANE_ERROR_LIMIT_M
@@ -56,6 +58,7 @@ class DemoOptions:
   seed: int = 0
   random_weights: bool = False  # the random-weight reference models instead of the trained stand-in (tiny only has one)
   dm: bool = True               # also the driver camera and dmonitoringmodeld
+  contract: str = "driving"     # "supercombo": the same weights fused into master's combined model (compile --model)
 
 
 def weights_name(opts: DemoOptions) -> str:
@@ -88,9 +91,12 @@ def _cached(dirname: str, salt: str, models: list[Path], camera: str, device: st
   return art
 
 
-def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bool = False, tag: str = "demo") -> Path:
+def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bool = False, tag: str = "demo",
+                    contract: str = "driving") -> Path:
   """Reference models -> artifact, cached (_cached). stand_in: the trained tiny stand-in weights instead of random ones
-  (compile.refmodels.write_models)."""
+  (compile.refmodels.write_models). contract "supercombo": the pair fused into master's combined model first."""
+  if contract == "supercombo":
+    return _cached_supercombo(size, camera, device, log, stand_in, tag)
   with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
     models = write_models(td, size=size, seed=0, stand_in=stand_in)
     # the weights' bytes are hashed as well; naming them keeps the two kinds apart even by directory name
@@ -99,6 +105,15 @@ def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bo
     return _cached(f"artifact-{size}-{weights}", weights, [v, p], camera, device, "driving",
                    lambda art: compile_artifact(v, p, parse_camera(camera), device, art, log=log),
                    f"{size} reference models ({weights} weights)", log, tag)
+
+
+def _cached_supercombo(size: str, camera: str, device: str, log, stand_in: bool, tag: str) -> Path:
+  with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
+    weights = "standin" if stand_in else "random"
+    model = write_supercombo_model(td, size, 0, stand_in=stand_in).path
+    return _cached(f"supercombo-{size}-{weights}", weights, [model], camera, device, "supercombo",
+                   lambda art: compile_supercombo_artifact(model, parse_camera(camera), device, art, log=log),
+                   f"{size} reference models fused into master's combined model ({weights} weights)", log, tag)
 
 
 def cached_dm_artifact(camera: str, device: str, log=print) -> Path:
@@ -161,7 +176,7 @@ def run_demo(opts: DemoOptions) -> dict:
   from tqdm import tqdm
   opts.out.mkdir(parents=True, exist_ok=True)
   size = "full" if opts.full else "tiny"
-  art = cached_artifact(size, opts.camera, opts.device, stand_in=not opts.random_weights and size == "tiny")
+  art = cached_artifact(size, opts.camera, opts.device, stand_in=not opts.random_weights and size == "tiny", contract=opts.contract)
   dm_art = cached_dm_artifact(opts.camera, opts.device) if opts.dm else None
   prefix = f"demo{uuid.uuid4().hex[:8]}"
   env = dict(os.environ, OPENPILOT_PREFIX=prefix, PYTHONUNBUFFERED="1")
@@ -298,7 +313,7 @@ def against_truth(trace: Trace, opts: DemoOptions) -> TruthTrace:
   source = TruthSource(opts.seed, opts.camera, {fid: (scene_time(fid), lat_t) for fid in trace.frame_id})
   ev = evaluate(source, zip(trace.frame_id, trace.lane_lines, trace.curvature), "demo")
   s = ev.summary
-  summary = {"weights": weights_name(opts), "accuracy_frames": s["frames"], "accuracy_skipped_frames": s["skipped_frames"],
+  summary = {"weights": weights_name(opts), "contract": opts.contract, "accuracy_frames": s["frames"], "accuracy_skipped_frames": s["skipped_frames"],
              **{k: json_number(s[k]) for k in ("lane_error_m_p50", "lane_error_m_p90", "curvature_corr", "curvature_mae")},
              "accuracy_passes": s["passes"]}
   truths = [ev.truths[fid] for fid in trace.frame_id]

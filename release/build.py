@@ -2,7 +2,8 @@
 
   python -m release.build --vision driving_vision.onnx --policy driving_policy.onnx --device QCOM -o artifacts/
 
-writes artifacts/1928x1208/ and artifacts/1344x760/ (each a verified artifact), with --dmonitoring dmonitoring_model.onnx
+writes artifacts/1928x1208/ and artifacts/1344x760/ (each a verified artifact; `--model driving_supercombo.onnx` in place of
+--vision/--policy builds master's combined model instead, bundle.json "contract": "supercombo"), with --dmonitoring dmonitoring_model.onnx
 also artifacts/dmonitoring/<camera>/ (the driver-monitoring artifacts), artifacts/smoke/[dmonitoring/]<camera>/ (the recorded
 input and the outputs each artifact produced for it, for `modeld-msm smoke` on a device; release/smoke.py) and
 artifacts/bundle.json (per camera: target, seconds, size, checks, smoke file hashes; and the build's provenance). The
@@ -26,6 +27,7 @@ from artifact.format import KIND_DIRS, MANIFEST, swap_in_dir, verify_artifact
 from compile.build import CompileReport, compile_artifact
 from compile.dm_build import compile_dm_artifact
 from compile.onnx_model import load_model_info
+from compile.supercombo_build import compile_supercombo_artifact
 from release import provenance, smoke
 from release.bundle import BUNDLE_FILE, SMOKE_DIR, human_size, tree_size
 from release.smoke import DM_SMOKE_FRAMES, SMOKE_FRAMES
@@ -35,15 +37,23 @@ from selfdrive_glue.files import check_replaceable
 from selfdrive_glue.nv12 import CAMERA_SIZES
 
 
-def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: list[str], log=print, sign_key: Path | None = None,
-                 smoke_frames: int = SMOKE_FRAMES, dmonitoring: Path | None = None, dm_smoke_frames: int = DM_SMOKE_FRAMES) -> dict:
-  """Compile, verify, smoke-record (and sign) every camera's artifacts, the driving pair's and with `dmonitoring` the DM
-  model's, into a bundle swapped in at `out`. -> bundle.json's content."""
+def build_bundle(vision: Path | None, policy: Path | None, device: str, out: Path, cameras: list[str], log=print,
+                 sign_key: Path | None = None, smoke_frames: int = SMOKE_FRAMES, dmonitoring: Path | None = None,
+                 dm_smoke_frames: int = DM_SMOKE_FRAMES, model: Path | None = None) -> dict:
+  """Compile, verify, smoke-record (and sign) every camera's artifacts, the driving model's (0.11's pair, or master's
+  combined `model`: a bundle holds one contract, bundle.json "contract") and with `dmonitoring` the DM model's, into a
+  bundle swapped in at `out`. -> bundle.json's content."""
+  if (model is None) == (vision is None or policy is None):
+    raise UserError("pass the driving model as --vision and --policy (openpilot 0.11) or as --model driving_supercombo.onnx (master), "
+                    "not both")
   if sign_key is not None:
     signing.load_private(sign_key)  # a bad key is refused now, not after minutes of compiling
   out = Path(out)
-  inputs = (vision, policy) + ((dmonitoring,) if dmonitoring else ()) + ((sign_key,) if sign_key else ())
+  driving = (model,) if model is not None else (vision, policy)
+  inputs = tuple(p for p in driving if p is not None) + ((dmonitoring,) if dmonitoring else ()) + ((sign_key,) if sign_key else ())
   check_replaceable(out, {BUNDLE_FILE: "artifacts"}, "release bundle of ours", inputs)
+  if model is not None:
+    load_model_info(model, "supercombo")   # a wrong file is refused now, not after minutes
   if dmonitoring is not None:
     load_model_info(dmonitoring, "dmonitoring")   # a wrong file is refused now, not after the driving compiles
   parent = out.resolve().parent
@@ -57,7 +67,10 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
       log(f"[release] {n}/{len(jobs)} {cam}{'' if kind == 'driving' else ' driver monitoring'} on {device}")
       d = tmp / KIND_DIRS[kind] / cam
       report: CompileReport
-      if kind == "driving":
+      if kind == "driving" and model is not None:
+        report = compile_supercombo_artifact(model, CAMERA_SIZES[cam], device, d, log=log)
+      elif kind == "driving":
+        assert vision is not None and policy is not None
         report = compile_artifact(vision, policy, CAMERA_SIZES[cam], device, d, log=log)
       else:
         assert dmonitoring is not None
@@ -76,7 +89,8 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
       entry["seconds"] = round(time.perf_counter() - t, 1)
       entry["provenance"] = provenance.of_artifact(art.meta)
       tables[kind][cam] = entry
-    manifest = {"device": device.split(":")[0], "artifacts": tables["driving"], "created_unix": int(time.time()), "build": provenance.of_build()}
+    manifest = {"device": device.split(":")[0], "contract": "supercombo" if model is not None else "driving", "artifacts": tables["driving"],
+                "created_unix": int(time.time()), "build": provenance.of_build()}
     if dmonitoring is not None:
       manifest["dmonitoring"] = tables["dmonitoring"]
     (tmp / BUNDLE_FILE).write_text(json.dumps(manifest, indent=1))
@@ -88,8 +102,10 @@ def build_bundle(vision: Path, policy: Path, device: str, out: Path, cameras: li
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--vision", type=Path, required=True, help="driving_vision.onnx")
-  p.add_argument("--policy", type=Path, required=True, help="driving_policy.onnx")
+  p.add_argument("--vision", type=Path, help="driving_vision.onnx (openpilot 0.11, with --policy)")
+  p.add_argument("--policy", type=Path, help="driving_policy.onnx")
+  p.add_argument("--model", type=Path, metavar="ONNX", help="driving_supercombo.onnx: openpilot master's combined driving model, in "
+                                                             "place of --vision/--policy")
   p.add_argument("--dmonitoring", type=Path, metavar="ONNX",
                  help="dmonitoring_model.onnx: also build the driver-monitoring artifacts (dmonitoringmodeld) for the same cameras")
   p.add_argument("--device", default="QCOM", help="QCOM (the car, captured on the emulated render node) or CPU")
@@ -129,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
   progress = Progress()
   m = build_bundle(args.vision, args.policy, args.device, args.out, args.camera or list(CAMERA_SIZES), log=progress,
                    sign_key=args.sign_key, smoke_frames=args.smoke_frames, dmonitoring=args.dmonitoring,
-                   dm_smoke_frames=min(args.smoke_frames, DM_SMOKE_FRAMES))
+                   dm_smoke_frames=min(args.smoke_frames, DM_SMOKE_FRAMES), model=args.model)
   print()
   print(summary_table(m))
   signed = {e.get("signed_by") for t in (m["artifacts"], m.get("dmonitoring") or {}) for e in t.values()} - {None}

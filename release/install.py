@@ -83,15 +83,30 @@ class Entry:
     return f'NativeProcess("{self.name}", "{INSTALL_REL}", ["./{self.name}"], {self.should_run}{rest})'
 
 
-def check_openpilot(root: Path) -> None:
+# openpilot master moved its tree under an `openpilot/` package (issue 27): the process table is then
+# openpilot/system/manager/process_config.py, and the manager's BASEDIR (which NativeProcess paths are relative to) is that
+# package folder, the one holding system/. Everything here is relative to that folder, whichever layout it is.
+PREFIXED = Path("openpilot")
+
+
+def check_openpilot(root: Path) -> Path:
+  """-> the folder holding system/manager/process_config.py: the checkout itself, or its `openpilot/` package (master)."""
   if not root.is_dir():
     raise UserError(f"{root} is not a directory; pass the openpilot checkout (e.g. /data/openpilot)")
+  if (root / PREFIXED / PROCESS_CONFIG).is_file() and (root / PREFIXED / PROCESS_PY).is_file() and not (root / PROCESS_CONFIG).is_file():
+    return root / PREFIXED
   if not (root / PROCESS_CONFIG).is_file() or not (root / PROCESS_PY).is_file():
     if (root / "selfdrive/manager/process_config.py").is_file():
       raise UserError(f"{root} is an openpilot older than 0.9 (its process table is selfdrive/manager/process_config.py); "
                       f"this installer edits {PROCESS_CONFIG}: use openpilot 0.10 or newer")
-    raise UserError(f"{root} is not an openpilot checkout (no {PROCESS_CONFIG} and {PROCESS_PY}); pass the openpilot directory, "
-                    "e.g. /data/openpilot")
+    raise UserError(f"{root} is not an openpilot checkout (no {PROCESS_CONFIG} and {PROCESS_PY}, nor under {PREFIXED}/); pass the "
+                    "openpilot directory, e.g. /data/openpilot")
+  return root
+
+
+def layout_name(top: Path, base: Path) -> str:
+  return (f"{PREFIXED}/ package layout (openpilot master since its tree moved): {PREFIXED / PROCESS_CONFIG}" if base != top else
+          f"root-level layout (openpilot 0.10, 0.11): {PROCESS_CONFIG}")
 
 
 def find_entry(data: bytes, where: str, name: str, why: str = "") -> Entry:
@@ -313,8 +328,8 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
   modeld is replaced, and dmonitoringmodeld too when the bundle has driver-monitoring artifacts (else it stays, or goes
   back to, openpilot's own). Without `pubkey`, a key installed before is kept (the bundle must pass it); `drop_pubkey`
   removes it."""
-  root, bundle = Path(openpilot).resolve(), Path(bundle).resolve()
-  check_openpilot(root)
+  top, bundle = Path(openpilot).resolve(), Path(bundle).resolve()
+  root = check_openpilot(top)
   state = read_state(root)
   pubkey, kept = installed_pubkey(root, state, pubkey, drop_pubkey)
   try:
@@ -329,6 +344,9 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
   if b.device != "QCOM" and not allow_cpu:
     raise UserError(f"bundle {bundle} is for {b.device}; the car runs QCOM bundles (`modeld-msm release --device QCOM`); "
                     "pass --allow-cpu to install a CPU bundle anyway (openpilot on a PC)")
+  contracts = sorted({a.kind for a in b.artifacts.values()})
+  log(f"openpilot: {layout_name(top, root)}; driving model contract: "
+      + ", ".join("master's combined model (driving_supercombo.onnx)" if k == "supercombo" else "0.11's vision + policy pair" for k in contracts))
   dm = b.dm_cameras   # bundle.json "dmonitoring", its shape checked by read_index
   wanted = [MODELD] + ([DMONITORING] if dm else [])
   needed_why = {DMONITORING: f"bundle {bundle} has driver-monitoring artifacts (bundle.json \"{DM_KEY}\"), so install replaces that "
@@ -442,8 +460,7 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
 
 def uninstall(openpilot: str | os.PathLike, dry_run: bool = False, log=print) -> str:
   """-> "removed", "not installed", or "dry run"."""
-  root = Path(openpilot).resolve()
-  check_openpilot(root)
+  root = check_openpilot(Path(openpilot).resolve())
   state = read_state(root)
   table = root / PROCESS_CONFIG
   data = table.read_bytes()

@@ -115,6 +115,7 @@ def replay(state, inp: SmokeInput) -> Iterator[tuple[int, np.ndarray | None]]:
     return
   for i in range(inp.frames):
     road, wide = inp.pairs[int(x["pair"][i])]
+    # a combined model's action_t stays zero: the recording and every later check feed the same
     _, raw = state.run(road, wide, x["tfm"][i], x["big_tfm"][i], x["desire"][i], x["traffic_convention"][i], bool(x["prepare_only"][i]))
     yield i, raw
 
@@ -215,9 +216,9 @@ class SmokeResult:
 
 def output_name(art, index: int) -> str:
   """The named output slice that raw index `index` (vision ++ policy, or the DM model's) falls in, e.g. "policy 'plan'[37]"."""
-  if art.kind == "dmonitoring":
-    return next((f"dmonitoring '{name}'[{index - sl.start}]" for name, sl in art.output_slices("dmonitoring").items()
-                 if sl.start <= index < sl.stop), f"dmonitoring output [{index}] (in no named slice)")
+  if art.kind in ("dmonitoring", "supercombo"):   # one model, one output
+    return next((f"{art.kind} '{name}'[{index - sl.start}]" for name, sl in art.output_slices(art.kind).items()
+                 if sl.start <= index < sl.stop), f"{art.kind} output [{index}] (in no named slice)")
   widths = {k: int(sum(int(np.prod(s)) for s in art.meta["models"][k]["output_shapes"].values())) for k in ("vision", "policy")}
   kind, j = ("vision", index) if index < widths["vision"] else ("policy", index - widths["vision"])
   for name, sl in sorted(art.output_slices(kind).items(), key=lambda kv: kv[1].start):

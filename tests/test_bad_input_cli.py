@@ -102,3 +102,17 @@ def test_no_device_while_a_command_loads_is_one_line(tmp_path, command):
   r = subprocess.run([sys.executable, "-m", "cli.main", command, "--help"], capture_output=True, text=True, timeout=120,
                      cwd=Path(__file__).resolve().parents[1], env=env, preexec_fn=limited)
   _refused(r, "tinygrad could open no device", "free space")
+
+
+def test_output_into_a_closed_pipe_is_a_quiet_stop(cpu_artifact_1928):
+  """`modeld-msm verify ART | head -1`: the reader leaves; no traceback, the exit status a shell gives a SIGPIPE'd tool."""
+  import subprocess
+  import sys
+  r, w = os.pipe()
+  os.close(r)   # the reader is gone before the first line is written
+  try:
+    p = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(cpu_artifact_1928)], stdout=w, stderr=subprocess.PIPE, text=True,
+                       timeout=120, cwd=Path(__file__).resolve().parents[1])
+  finally:
+    os.close(w)
+  assert p.returncode == 141 and p.stderr == "", (p.returncode, p.stderr[-2000:])

@@ -548,3 +548,34 @@ def test_bundle_with_a_malformed_dmonitoring_key_is_refused(op, tmp_path):
   with pytest.raises(UserError, match="dmonitoring"):
     install(op, b, log=quiet)
   assert tree_state(op) == before
+
+
+def make_prefixed_openpilot(root: Path) -> Path:
+  """openpilot master after its tree moved under an `openpilot/` package: the process table and the manager's BASEDIR are
+  in root/openpilot, and the modules are named `openpilot.…`."""
+  base = root / "openpilot"
+  (base / "system/manager").mkdir(parents=True)
+  (base / "system/manager/process.py").write_text(PROCESS_PY)
+  (base / PROCESS_CONFIG).write_text(table([MASTER_ENTRY, DM_MASTER]))
+  (root / "tinygrad").mkdir()
+  (root / "tinygrad/__init__.py").write_text("raise ImportError('openpilot vendored tinygrad imported by modeld-msm')\n")
+  return root
+
+
+def test_install_into_masters_openpilot_package_layout_and_back(tmp_path):
+  """The tree under openpilot/ (master): the table edited there, our files beside it in openpilot/third_party (NativeProcess
+  paths are relative to that folder, the manager's BASEDIR), the dry run naming the layout, uninstall byte for byte."""
+  op = make_prefixed_openpilot(tmp_path / "op")
+  bundle = make_bundle(tmp_path / "bundle", dm=("1928x1208", "1344x760"))
+  before, stock = tree_state(op), (op / "openpilot" / PROCESS_CONFIG).read_bytes()
+  r = run_cli("install", op, "--bundle", bundle, "--dry-run")
+  assert r.returncode == 0, r.stderr
+  assert "openpilot/ package layout (openpilot master" in r.stdout and "0.11's vision + policy pair" in r.stdout, r.stdout
+  assert f"-  {MASTER_ENTRY}," in r.stdout and tree_state(op) == before
+  assert install(op, bundle, log=quiet) == "installed"
+  procs = load_table(op)
+  assert procs["modeld"] == ["NativeProcess", [INSTALL_REL, ["./modeld"]], "only_onroad", True]
+  assert procs["dmonitoringmodeld"][:2] == ["NativeProcess", [INSTALL_REL, ["./dmonitoringmodeld"]]]
+  assert (op / "openpilot" / INSTALL_REL / "modeld").is_file() and not (op / "third_party").exists()
+  assert uninstall(op, log=quiet) == "removed"
+  assert (op / "openpilot" / PROCESS_CONFIG).read_bytes() == stock and tree_state(op) == before

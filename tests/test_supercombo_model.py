@@ -134,3 +134,19 @@ def _vision_file(tmp_path):
   path = tmp_path / "driving_vision.onnx"
   path.write_bytes(build_model("vision", "tiny", 0).SerializeToString())
   return path
+
+
+def test_masters_later_stateful_layout_is_refused(tmp_path):
+  """After 2026-09-16 master's queues live in the ONNX (state_* inputs, next_state_* outputs): not a contract we run, and
+  the check says which input it misses instead of failing later."""
+  f16 = TensorProto.FLOAT16
+  names = {"new_img": (1, 6, 128, 256), "desire": (1, 8), "traffic_convention": (1, 2), "action_t": (1, 2), "state_feat_q": (1, 96, 512)}
+  inputs = [helper.make_tensor_value_info(n, TensorProto.UINT8 if n == "new_img" else f16, s) for n, s in names.items()]
+  graph = helper.make_graph([helper.make_node("Identity", ["traffic_convention"], ["outputs"])], "stateful", inputs,
+                            [helper.make_tensor_value_info("outputs", f16, (1, 2))])
+  m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+  m.ir_version = 8
+  path = tmp_path / "driving_supercombo.onnx"
+  onnx.save(m, str(path))
+  with pytest.raises(UserError, match="has no input 'img'"):
+    load_model_info(path, "supercombo")

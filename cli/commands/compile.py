@@ -1,10 +1,11 @@
-"""`modeld-msm compile`: build one verified artifact for a camera size and device: the driving model (--vision + --policy)
-or the driver-monitoring model (--dmonitoring)."""
+"""`modeld-msm compile`: build one verified artifact for a camera size and device: the driving model (--vision + --policy,
+openpilot 0.11; or --model driving_supercombo.onnx, master's combined model) or the driver-monitoring model (--dmonitoring)."""
 from __future__ import annotations
 
 from artifact.format import disk_full_error
 from compile.build import compile_artifact
 from compile.dm_build import compile_dm_artifact
+from compile.supercombo_build import compile_supercombo_artifact
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import parse_camera
 
@@ -12,6 +13,8 @@ from selfdrive_glue.nv12 import parse_camera
 def add_arguments(p) -> None:
   p.add_argument("--vision", help="driving_vision.onnx (with --policy: the driving model, for modeld)")
   p.add_argument("--policy", help="driving_policy.onnx")
+  p.add_argument("--model", metavar="ONNX", help="driving_supercombo.onnx: openpilot master's combined driving model, in place of "
+                                                 "--vision/--policy (modeld serves either)")
   p.add_argument("--dmonitoring", metavar="ONNX", help="dmonitoring_model.onnx: the driver-monitoring model, for dmonitoringmodeld (its own "
                                                        "artifact: pass it without --vision/--policy)")
   p.add_argument("--camera", default="1928x1208", help="camera size: 1928x1208 (ar0231/ox03c10) or 1344x760 (os04c10)")
@@ -37,9 +40,15 @@ def _compile(args):
     if args.search:
       raise UserError("--search is the driving model's kernel search; the driver-monitoring compile has none")
     return compile_dm_artifact(args.dmonitoring, camera, args.device, args.out, precision=args.precision, layout=args.layout)
+  if args.model:
+    if args.vision or args.policy:
+      raise UserError("--model is master's combined driving model, in place of 0.11's --vision/--policy pair; pass one or the other")
+    if args.search:
+      raise UserError("--search is the 0.11 driving model's kernel search; the combined model's compile has none")
+    return compile_supercombo_artifact(args.model, camera, args.device, args.out, precision=args.precision, layout=args.layout)
   if not (args.vision and args.policy):
-    raise UserError("pass the driving model as --vision driving_vision.onnx --policy driving_policy.onnx, "
-                    "or the driver-monitoring model as --dmonitoring dmonitoring_model.onnx")
+    raise UserError("pass the driving model as --vision driving_vision.onnx --policy driving_policy.onnx (openpilot 0.11) or "
+                    "--model driving_supercombo.onnx (master), or the driver-monitoring model as --dmonitoring dmonitoring_model.onnx")
   return compile_artifact(args.vision, args.policy, camera, args.device, args.out, precision=args.precision, layout=args.layout,
                           search=args.search)
 
