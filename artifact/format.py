@@ -36,6 +36,7 @@ KIND_NAMES = {"driving": "driving model (modeld)", "dmonitoring": "driver-monito
               "supercombo": "combined driving model of openpilot master (modeld)"}
 # the artifact kinds a process of each kind runs: modeld runs the driving model of either contract (0.11's pair, master's one)
 RUNS = {"driving": ("driving", "supercombo"), "dmonitoring": ("dmonitoring",), "supercombo": ("supercombo",)}
+COMPILE_FLAGS = {"dmonitoring": "--dmonitoring", "supercombo": "--model"}   # how `compile` is asked for each kind (driving: the pair)
 REBUILD_HINT = "rebuild it with `modeld-msm compile` on this version (or `./dev demo`, which rebuilds its cache)"
 
 
@@ -225,7 +226,7 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
     raise ArtifactError(f"artifact {path} is of kind {art.kind!r}, which this modeld-msm does not know ({', '.join(PROGRAMS)}); {REBUILD_HINT}")
   if kind is not None and art.kind not in RUNS.get(kind, (kind,)):
     raise ArtifactError(f"artifact {path} holds the {KIND_NAMES[art.kind]}, not the {KIND_NAMES[kind]}; pass the artifact compiled "
-                        f"for it (`modeld-msm compile {'--dmonitoring' if kind == 'dmonitoring' else '--vision/--policy'}`), or a bundle")
+                        f"for it (`modeld-msm compile {COMPILE_FLAGS.get(kind, '--vision/--policy')}`), or a bundle")
   for prog in PROGRAMS[art.kind]:
     if prog not in listed:
       raise ArtifactError(f"artifact {path} lacks {prog}; {REBUILD_HINT}")

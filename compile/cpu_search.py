@@ -146,9 +146,9 @@ def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = N
   table = load_table() if table is None else table
   exact = [s for s in table["sets"] if s["match"] == key]
   if key["device"] != "CPU" and not exact:
-    others = sorted({s["match"]["isa"] for s in table["sets"] if s["match"]["device"] == key["device"]})
-    return None, (f"no shipped search for {key['device']} {key['isa']} with these models/camera/precision"
-                  + (f" (shipped for {', '.join(others)} only)" if others else "") + ": tinygrad's heuristic opts; "
+    others = sorted({f"{s['match']['isa']} {s['match']['precision']}" for s in table["sets"] if s["match"]["device"] == key["device"]})
+    return None, (f"no shipped search for {key['device']} {key['isa']} {key['precision']} with these models/camera"
+                  + (f" (shipped: {', '.join(others)}, for the reference models)" if others else "") + ": tinygrad's heuristic opts; "
                   f"record one with `python -m compile.cpu_record record --device {key['device']}` on such a GPU")
   # another ISA level's set: the same kernels, with opts timed elsewhere; still far better than the heuristic on the full models
   other = [s for s in table["sets"] if {**s["match"], "isa": key.get("isa")} == key]

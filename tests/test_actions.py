@@ -9,6 +9,7 @@ from modeld_msm.actions import (
   get_accel_from_plan,
   get_action,
   get_curvature_from_plan,
+  model_action_t,
   smooth_value,
 )
 from modeld_msm.constants import DT_MDL, T_IDXS, Plan
@@ -120,6 +121,26 @@ def test_get_action_holds_curvature_when_slow():
   assert act.desiredAcceleration == pytest.approx((1 - ALPHA_LONG) * -1.0, rel=1e-6)
   act = get_action(plan, prev, 0.1, 0.1, v_ego=0.31)
   assert act.desiredCurvature == pytest.approx(0.5 / 1.0, rel=1e-6)
+
+
+def test_get_action_from_masters_action_head():
+  """master's combined model (docs §A.7): accel = action[0,1], curvature = action[0,0] / max(1, v)^2, shouldStop = v < 0.3
+  and accel < 0.1, then the plan's smoothing; the plan itself is not read."""
+  plan = make_plan(v=5 + 2 * T, a=2.0, yaw=0.05 * T, yaw_rate=0.05)   # a plan that would give other numbers
+  head = np.array([[0.9, -0.4, -2.0, -2.0]], np.float32)
+  curv, accel, stop = get_action(plan, Action(), 0.15, 0.2, v_ego=3.0, head=head)
+  assert accel == pytest.approx(ALPHA_LONG * -0.4, rel=1e-6) and curv == pytest.approx(0.9 / 9.0, rel=1e-6) and stop is False
+  assert get_action(plan, Action(), 0.15, 0.2, v_ego=0.5, head=head).desiredCurvature == pytest.approx(0.9, rel=1e-6)   # max(1, v)
+  # slow: the curvature is held, and a braking head below STOP_SPEED stops (on the raw accel, before smoothing)
+  slow = get_action(plan, Action(0.01, 0.0, False), 0.15, 0.2, v_ego=0.29, head=np.array([[0.9, 0.09]], np.float32))
+  assert slow.desiredCurvature == np.float32(0.01) and slow.shouldStop is True
+  assert get_action(plan, Action(), 0.15, 0.2, v_ego=0.3, head=np.array([[0.0, 0.09]], np.float32)).shouldStop is False
+  assert get_action(plan, Action(), 0.15, 0.2, v_ego=0.2, head=np.array([[0.0, 0.1]], np.float32)).shouldStop is False
+
+
+def test_model_action_t_is_lateral_then_longitudinal():
+  lat_t, long_t = model_action_t(long_delay=0.15, lat_delay=0.2)[0]
+  assert lat_t == pytest.approx(0.2 + 0.0 + 0.075) and long_t == pytest.approx(0.15 + 0.3 + 0.075)
 
 
 def test_bad_plans_are_user_errors():

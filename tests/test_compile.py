@@ -302,7 +302,7 @@ BAD_MODELS = {
   "missing_input": ("vision", lambda s, d: _edit(s, d, lambda m: _rename_input(m, "big_img", "wide_img")), ["no input 'big_img'"]),
   "wrong_shape": ("vision", lambda s, d: _edit(s, d, lambda m: _set_dim(m, "img", 3, 512)), ["'img'", "shape", "(1, 12, 128, 512)"]),
   "wrong_dtype": ("policy", lambda s, d: _edit(s, d, lambda m: _set_dtype(m, "desire_pulse", TensorProto.INT32)), ["'desire_pulse'", "int32"]),
-  "wrong_model": ("policy", lambda s, d: d.write_bytes((s.parent / "driving_vision.onnx").read_bytes()), ["no input 'features_buffer'"]),
+  "wrong_model": ("policy", lambda s, d: d.write_bytes((s.parent / "driving_vision.onnx").read_bytes()), ["is the vision model", "as --vision"]),
   "unsupported_op": ("vision", lambda s, d: _edit(s, d, _unsupported_op), ["GlobalLpPool", "tinygrad"]),
   "no_output_slices": ("policy", lambda s, d: _edit(s, d, _no_slices), ["output_slices"]),
 }

@@ -184,7 +184,7 @@ def test_gpu_sets_match_only_the_architecture_they_were_timed_on():
   got, why = cpu_search.choose("auto", _key(**gpu), table)
   assert got is h200 and "recorded on NVIDIA H200 sm_90" in why
   got, why = cpu_search.choose("auto", _key(**{**gpu, "isa": "sm_89"}), table)
-  assert got is None and "no shipped search for CUDA sm_89" in why and "shipped for sm_90 only" in why and "--device CUDA" in why
+  assert got is None and "no shipped search for CUDA sm_89 fp16" in why and "shipped: sm_90 fp16" in why and "--device CUDA" in why
   for other in (_key(**{**gpu, "device": "NV"}), _key(**{**gpu, "precision": "fp32"}), _key(isa="avx2"), _key(isa="avx512")):
     assert cpu_search.choose("auto", other, table)[0] is None
   assert cpu_search.choose("off", _key(**gpu), table) == (None, "requested")

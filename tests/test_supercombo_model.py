@@ -150,3 +150,18 @@ def test_masters_later_stateful_layout_is_refused(tmp_path):
   onnx.save(m, str(path))
   with pytest.raises(UserError, match="has no input 'img'"):
     load_model_info(path, "supercombo")
+
+
+def test_a_fused_model_that_does_not_append_this_frames_feature_fails_the_equivalence():
+  """Planted: the policy reads a zero row where this frame's hidden state belongs; the split-pair comparison catches it."""
+  vision, policy = (build_model(k, "tiny", 0) for k in ("vision", "policy"))
+  bad = fuse(vision, policy)
+  node = next(n for n in bad.graph.node if n.name == "c/features")
+  bad.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros((1, 1, 512), np.float16), "c/zero_row"))
+  node.input[1] = "c/zero_row"
+  x = _inputs(np.random.default_rng(3))
+  out = _session(bad).run(None, x)[0]
+  v = _session(vision).run(None, {"img": x["img"], "big_img": x["big_img"]})[0]
+  feats = np.concatenate([x["features_buffer"], v[:, None, VISION_SLICES["hidden_state"]]], axis=1)
+  p = _session(policy).run(None, {"features_buffer": feats, "desire_pulse": x["desire_pulse"], "traffic_convention": x["traffic_convention"]})[0]
+  assert not np.array_equal(out[:, slices()["plan"]], p[:, POLICY_SLICES["plan"]])
