@@ -1,7 +1,9 @@
 """Install a release bundle into an openpilot checkout so that openpilot's manager runs this modeld (and this
 dmonitoringmodeld, when the bundle carries driver-monitoring artifacts), and undo it.
 
-What `install OPENPILOT_DIR --bundle DIR` does (all of it recorded in third_party/modeld_msm/install.json):
+What `install OPENPILOT_DIR --bundle DIR` does (all of it recorded in third_party/modeld_msm/install.json; every path below is
+relative to the folder holding system/manager/process_config.py: the checkout itself for 0.10/0.11, its `openpilot/` package
+for master after its tree moved there, the manager's BASEDIR either way):
   third_party/modeld_msm/artifacts/     a copy of the bundle, verified before and after copying
   third_party/modeld_msm/modeld         the launcher the manager runs as modeld (below)
   third_party/modeld_msm/dmonitoringmodeld   the same for dmonitoringmodeld, only when the bundle has driver-monitoring
