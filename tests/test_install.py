@@ -579,3 +579,13 @@ def test_install_into_masters_openpilot_package_layout_and_back(tmp_path):
   assert (op / "openpilot" / INSTALL_REL / "modeld").is_file() and not (op / "third_party").exists()
   assert uninstall(op, log=quiet) == "removed"
   assert (op / "openpilot" / PROCESS_CONFIG).read_bytes() == stock and tree_state(op) == before
+
+
+def test_a_tree_with_a_process_table_but_no_process_module_is_refused(tmp_path, bundle):
+  """Both files make an openpilot tree: a process_config.py alone (a copy, a half checkout) is not one this installer edits."""
+  op = make_openpilot(tmp_path / "op")
+  (op / "system/manager/process.py").unlink()
+  before = tree_state(op)
+  with pytest.raises(UserError, match="is not an openpilot checkout"):
+    install(op, bundle, log=quiet)
+  assert tree_state(op) == before
