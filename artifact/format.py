@@ -249,8 +249,9 @@ def resolve_artifact(path: str | Path, camera: tuple[int, int], kind: str = "dri
   path = Path(path)
   if (path / MANIFEST).exists():
     return path
-  for k in RUNS.get(kind, (kind,)):   # a bundle holds one contract; the driving model's is looked for under either's folder
-    sub = path / KIND_DIRS[k] / f"{camera[0]}x{camera[1]}"
+  # a bundle holds one contract; a kind is looked for under the folder of each kind it runs (the driving ones share the root)
+  for folder in dict.fromkeys(KIND_DIRS[k] for k in RUNS.get(kind, (kind,))):
+    sub = path / folder / f"{camera[0]}x{camera[1]}"
     if (sub / MANIFEST).exists():
       return sub
   have = [p.name for p in _bundle_artifacts(path / KIND_DIRS[kind])]

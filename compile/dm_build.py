@@ -10,9 +10,7 @@ The same checks as the driving compile (compile/build.py), on the DM program (co
 """
 from __future__ import annotations
 
-import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +19,10 @@ import numpy as np
 from artifact import format as art_mod
 from artifact.jit_pickle import pickle_programs, unpickle_programs
 from artifact.load import frame_tensor
-from compile import preflight
-from compile.build import ORT_ATOL, ORT_RTOL, CompileReport, check_out_dir, compile_options, open_capture, ort_check, replay_on_emu, runner_model
+from compile import one_model, preflight
+from compile.build import ORT_ATOL, ORT_RTOL, CompileReport, check_out_dir, compile_options, open_capture, ort_check, replay_on_emu
 from compile.dm_program import DMProgram
-from compile.onnx_model import OnnxModelInfo, load_model_info
+from compile.onnx_model import load_model_info
 from modeld_msm.host_inputs import dm_host_inputs
 from selfdrive_glue.camera import dm_warp_matrix
 from selfdrive_glue.errors import UserError
@@ -54,15 +52,6 @@ class _Steps:
     return out
 
 
-def build_dm_program(info: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool) -> DMProgram:
-  if compute != "fp32" and not layout:
-    return DMProgram(info, nv, device)
-  with tempfile.TemporaryDirectory(prefix="modeld-msm-build-") as td:
-    path, counts = runner_model(info.path, compute, layout, Path(td))
-    prog = DMProgram(replace(info, path=path), nv, device, cpu_ops=layout)
-  prog.layout_rewrites = {f"dmonitoring_{k}": n for k, n in counts.items()}
-  return prog
-
 
 def compile_dm_artifact(model: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path, log=print,
                         precision: str = "auto", layout: str | None = None) -> CompileReport:
@@ -82,7 +71,7 @@ def compile_dm_artifact(model: str | Path, camera: tuple[int, int], device: str,
   with Context(**cap.flags):
     log(f"[compile] loading the driver-monitoring model for {camera[0]}x{camera[1]} on {cap.capture_target} in {compute}")
     preflight.tinygrad_parse(info)
-    prog = build_dm_program(info, nv, cap.dev_name, compute, use_layout)
+    prog = one_model.build(DMProgram, info, nv, cap.dev_name, compute, use_layout, "dmonitoring")
     report.timings["load"] = time.perf_counter() - t0
     cap.start_execution()
     t = time.perf_counter()

@@ -11,8 +11,8 @@ from typing import Any
 
 from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
-from tinygrad.nn.onnx import OnnxRunner
 
+from compile import one_model
 from compile.dm_warp import warp_y
 from compile.onnx_model import OnnxModelInfo
 from selfdrive_glue.camera import DM_INPUT_SIZE
@@ -22,12 +22,8 @@ from selfdrive_glue.nv12 import NV12Info
 class DMProgram:
   def __init__(self, info: OnnxModelInfo, nv12: NV12Info, device: str, cpu_ops: bool = False):
     self.device, self.nv12 = device, nv12
-    self.model = OnnxRunner(info.path).to(device)
+    self.model, self.dtypes = one_model.runner(info, device, cpu_ops)
     self.layout_rewrites: dict[str, int] = {}
-    if cpu_ops:
-      from compile import cpu_layout
-      cpu_layout.apply(self.model)
-    self.dtypes = {k: v.dtype for k, v in self.model.graph_inputs.items()}
 
   def warp(self, frame: Tensor, m_inv: Tensor) -> Tensor:
     img = warp_y(frame, m_inv.to(self.device).cast(dtypes.float32), self.nv12, *DM_INPUT_SIZE).contiguous()

@@ -10,9 +10,7 @@ release, install and the demo do not take it yet (issue 27).
 """
 from __future__ import annotations
 
-import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from tinygrad import Tensor
 
 from artifact import format as art_mod
 from artifact.jit_pickle import pickle_programs, unpickle_programs
-from compile import preflight
+from compile import one_model, preflight
 from compile.build import (
   ORT_ATOL,
   ORT_RTOL,
@@ -32,9 +30,8 @@ from compile.build import (
   open_capture,
   ort_check,
   replay_on_emu,
-  runner_model,
 )
-from compile.onnx_model import OnnxModelInfo, load_model_info
+from compile.onnx_model import load_model_info
 from compile.supercombo_program import SupercomboProgram
 from modeld_msm.host_inputs import HostInputs
 from selfdrive_glue.errors import UserError
@@ -74,15 +71,6 @@ class _ComboSteps:
     return out
 
 
-def build_supercombo_program(info: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool) -> SupercomboProgram:
-  if compute != "fp32" and not layout:
-    return SupercomboProgram(info, nv, device)
-  with tempfile.TemporaryDirectory(prefix="modeld-msm-build-") as td:
-    path, counts = runner_model(info.path, compute, layout, Path(td))
-    prog = SupercomboProgram(replace(info, path=path), nv, device, cpu_ops=layout)
-  prog.layout_rewrites = {f"supercombo_{k}": n for k, n in counts.items()}
-  return prog
-
 
 def _same(ref: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], what: str) -> None:
   for i, (r, g) in enumerate(zip(ref, got)):
@@ -110,7 +98,7 @@ def compile_supercombo_artifact(model: str | Path, camera: tuple[int, int], devi
   with Context(**cap.flags):
     log(f"[compile] loading master's combined driving model for {camera[0]}x{camera[1]} on {cap.capture_target} in {compute}")
     preflight.tinygrad_parse(info)
-    prog = build_supercombo_program(info, nv, cap.dev_name, compute, use_layout)
+    prog = one_model.build(SupercomboProgram, info, nv, cap.dev_name, compute, use_layout, "supercombo")
     report.timings["load"] = time.perf_counter() - t0
     cap.start_execution()
     t = time.perf_counter()

@@ -13,8 +13,8 @@ searches' fingerprint).
 from __future__ import annotations
 
 from tinygrad import Tensor, TinyJit, dtypes
-from tinygrad.nn.onnx import OnnxRunner
 
+from compile import one_model
 from compile.onnx_model import OnnxModelInfo
 from compile.program import DESIRE_Q, IMG_Q, DrivingProgram, _push
 from modeld_msm.constants import DESIRE_LEN, FEATURE_LEN, FRAME_SKIP
@@ -30,12 +30,8 @@ class SupercomboProgram(DrivingProgram):
   # DrivingProgram's __init__ is not called: it builds two runners and 0.11's 97-row feature queue; this builds one and 96
   def __init__(self, info: OnnxModelInfo, nv12: NV12Info, device: str, cpu_ops: bool = False):
     self.device, self.nv12 = device, nv12
-    self.model = OnnxRunner(info.path).to(device)
+    self.model, self.dtypes = one_model.runner(info, device, cpu_ops)
     self.layout_rewrites: dict[str, int] = {}
-    if cpu_ops:
-      from compile import cpu_layout
-      cpu_layout.apply(self.model)
-    self.dtypes = {k: v.dtype for k, v in self.model.graph_inputs.items()}
     self.hidden = info.output_slices["hidden_state"]
     if self.hidden.stop - self.hidden.start != FEATURE_LEN:
       raise UserError(f"supercombo hidden_state slice {self.hidden} is not {FEATURE_LEN} wide")

@@ -1,0 +1,39 @@
+"""What a program around one ONNX model needs, shared by the driver-monitoring program (compile/dm_program.py) and master's
+combined driving model (compile/supercombo_program.py): the tinygrad runner, and the program built from the model file as
+tinygrad runs it in the compile's precision and layout."""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tinygrad.nn.onnx import OnnxRunner
+
+from compile import cpu_layout
+from compile.build import runner_model
+from compile.onnx_model import OnnxModelInfo
+from selfdrive_glue.nv12 import NV12Info
+
+P = TypeVar("P")
+
+
+def runner(info: OnnxModelInfo, device: str, cpu_ops: bool) -> tuple[OnnxRunner, dict[str, Any]]:
+  """-> (the model's runner on `device`, with the CPU layout's op table when cpu_ops, its graph inputs' dtypes)."""
+  model = OnnxRunner(info.path).to(device)
+  if cpu_ops:   # the caller built it from a file the CPU layout rewrote (build below)
+    cpu_layout.apply(model)
+  return model, {k: v.dtype for k, v in model.graph_inputs.items()}
+
+
+def build(cls: type[P], info: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool, tag: str) -> P:
+  """cls(info, nv, device, cpu_ops=) over the model as tinygrad runs it: widened to fp32 and/or rewritten for the CPU layout
+  (build.runner_model; onnxruntime still checks the original). The rewrite counts go on the program as `layout_rewrites`,
+  each named tag_<rewrite>."""
+  if compute != "fp32" and not layout:
+    return cls(info, nv, device)   # type: ignore[call-arg]
+  with tempfile.TemporaryDirectory(prefix="modeld-msm-build-") as td:
+    path, counts = runner_model(info.path, compute, layout, Path(td))
+    prog = cls(replace(info, path=path), nv, device, cpu_ops=layout)   # type: ignore[call-arg]
+  prog.layout_rewrites = {f"{tag}_{k}": n for k, n in counts.items()}   # type: ignore[attr-defined]
+  return prog
