@@ -10,6 +10,7 @@ code run by the GPU). That they are the ones the release build made is what bund
 """
 from __future__ import annotations
 
+import enum
 import io
 import json
 import pickle
@@ -195,6 +196,13 @@ class _CanonicalPickler(_PyPickler):
     _PyPickler.save_str(self, obj)
     self.strings[obj] = self.memo[id(obj)][0]
   dispatch[str] = save_str
+
+  def reducer_override(self, obj):
+    # an enum member by value, as most Pythons pickle it: some 3.11 releases (Debian bookworm's 3.11.2, an aarch64 build
+    # box's) reduce IntEnum members to builtins.getattr(cls, name), which the loader never admits (getattr reaches anything)
+    if isinstance(obj, enum.Enum):
+      return type(obj), (obj._value_,)
+    return NotImplemented
 
   def _reduce_uop(self, u):
     from dataclasses import replace

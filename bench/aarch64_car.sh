@@ -3,7 +3,10 @@
 # (binfmt_misc), the base install of this checkout from aarch64 wheels, then what the car runs: doctor, verify of a QCOM
 # bundle, the QCOM artifact loaded and stepped on the emulated render node at level A (submission only), and the smoke of
 # an x86_64-built CPU bundle, which must be refused with one line (its programs are the build box's machine code).
-# Bundles are built off the car first, here, as the release build does.
+# Bundles are built off the car first, here, as the release build does. Then an aarch64 build box: a second venv with the
+# [build] extra (onnx, onnxruntime; tinymesa is x86_64-only, so a QCOM compile there is refused with one line) releases a
+# CPU bundle of aarch64 machine code, and the car's install smokes it. Level B (executing IR3 on the emulated a630) needs
+# Mesa's decoder from tinymesa, so it is x86_64-only too; the car has the real GPU.
 #
 #   sudo bench/aarch64_car.sh [WORKDIR]     # default /tmp/modeld-aarch64; minutes (the root is reused on a second run)
 #
@@ -56,7 +59,8 @@ if [ ! -f "$WORK/qcom/bundle.json" ] || [ ! -f "$WORK/cpu/bundle.json" ]; then
   ./dev release --vision "$WORK/models/driving_vision.onnx" --policy "$WORK/models/driving_policy.onnx" --device CPU --camera 1928x1208 -o "$WORK/cpu" >&2
 fi
 rm -rf "$ROOT/src" "$ROOT/bundles" && mkdir -p "$ROOT/bundles"
-git archive --format=tar --prefix=src/ HEAD | tar -x -C "$ROOT"
+rev=$(git stash create)   # this checkout as it is, edits included
+git archive --format=tar --prefix=src/ "${rev:-HEAD}" | tar -x -C "$ROOT"
 cp -r "$WORK/qcom" "$WORK/cpu" "$ROOT/bundles/"
 
 # ---- on the car: the base install --------------------------------------------------------------------------------
@@ -96,4 +100,22 @@ rc=0; in_root modeld-msm smoke --bundle /bundles/cpu >"$WORK/smoke.log" 2>&1 || 
 tail -3 "$WORK/smoke.log" >&2
 if [ "$rc" -ne 2 ] || ! grep -q "holds x86_64 machine code" "$WORK/smoke.log"; then step "  expected a one-line refusal (exit 2), got exit $rc"; exit 1; fi
 step "  refused as it should be, in $(( $(date +%s) - ts ))s"
-step "done: install ${install_s}s, ${size} MB"
+
+# ---- an aarch64 build box: the CPU bundle compiled here, smoked by the car's install --------------------------------
+step "build venv: /src[build] from aarch64 wheels (onnx, onnxruntime; no tinymesa there)"
+ti=$(date +%s)
+rm -rf "$ROOT/venv-build" "$ROOT/models" "$ROOT/bundles/cpu-aarch64"
+in_root python3 -m venv /venv-build
+in_root /venv-build/bin/pip install -q --disable-pip-version-check '/src[build]' >&2
+build_install_s=$(( $(date +%s) - ti ))
+step "  build venv in ${build_install_s}s, $(du -sm "$ROOT/venv-build" | cut -f1) MB"
+ts=$(date +%s)
+in_root /venv-build/bin/modeld-msm models --size tiny -o /models >&2
+rc=0; in_root /venv-build/bin/modeld-msm compile --vision /models/driving_vision.onnx --policy /models/driving_policy.onnx --device QCOM -o /tmp/q >"$WORK/qcom_refused.log" 2>&1 || rc=$?
+step "  QCOM compile on aarch64: exit $rc: $(tail -1 "$WORK/qcom_refused.log")"
+if [ "$rc" -ne 2 ] || [ -e "$ROOT/tmp/q" ]; then step "  expected a one-line refusal (exit 2) and nothing written"; exit 1; fi
+in_root /venv-build/bin/modeld-msm release --vision /models/driving_vision.onnx --policy /models/driving_policy.onnx --device CPU --camera 1928x1208 -o /bundles/cpu-aarch64 >&2
+release_s=$(( $(date +%s) - ts ))
+step "  CPU bundle released on aarch64 (tiny models, all compile checks) in ${release_s}s"
+run modeld-msm smoke --bundle /bundles/cpu-aarch64
+step "done: install ${install_s}s, ${size} MB; build venv ${build_install_s}s; aarch64 CPU release ${release_s}s"

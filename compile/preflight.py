@@ -22,9 +22,14 @@ GPU_DEVICES = {"CUDA": "an NVIDIA GPU and CUDA", "NV": "an NVIDIA GPU and its dr
 
 def check_device(device: str) -> None:
   """Refuse a compile target this machine cannot run, before any model is read. QCOM is captured on the emulated render
-  node and the plain CPU is always there."""
+  node, which needs Mesa's IR3 compiler (tinymesa, x86_64 only); the plain CPU is always there."""
   if device == "CPU:LLVM":
     check_llvm()
+  elif device == "QCOM":
+    # ops_qcom loads Mesa's library as it is imported
+    from backend.qcom import NO_IR3_COMPILER, ir3_compiler_present
+    if not ir3_compiler_present():
+      raise UserError(NO_IR3_COMPILER)
   elif device in GPU_DEVICES:
     from tinygrad import Device
     try:

@@ -112,6 +112,28 @@ def test_allowlisted_classes_that_are_not_a_jit_are_refused():
     unpickle_programs(b"\x80\x04garbage", names=("x.pkl",))
 
 
+def test_enum_members_pickle_by_value_whatever_the_python(monkeypatch):
+  """Debian bookworm's Python 3.11.2 (an aarch64 build box's) reduces IntEnum members, tinygrad's Ops among them, to
+  builtins.getattr(Ops, 'NAME'): the loader rightly refuses getattr, so such an artifact could not be loaded anywhere.
+  The compile's pickler writes every enum member by value instead, as other Pythons do; here that Python is imitated."""
+  from tinygrad import Tensor, TinyJit
+  from tinygrad.uop import Ops
+
+  from artifact.jit_pickle import pickle_programs
+  @TinyJit
+  def f(x):
+    return (x * 2 + 1).realize()
+  for _ in range(3):
+    f(Tensor.rand(16).realize())
+  monkeypatch.setattr(Ops, "__reduce_ex__", lambda self, proto: (getattr, (type(self), self._name_)))
+  assert b"getattr" in pickle.dumps(Ops.BUFFER, 4)   # the imitation holds
+  blob, = pickle_programs(f)
+  assert b"getattr" not in blob
+  jit, = unpickle_programs(blob, names=("f.pkl",))
+  x = Tensor.rand(16).realize()
+  assert (jit(x).numpy() == x.numpy() * 2 + 1).all()
+
+
 def test_allowlist_is_exactly_what_a_real_artifact_needs(cpu_artifact_1928):
   """The list is data reviewed like code: no entry a real artifact does not use, none missing."""
   import io

@@ -36,16 +36,27 @@ if "tinymesa" in HIDDEN:   # tinygrad finds the Mesa library by path, not by imp
 '''
 
 
-@pytest.fixture
-def car_python(tmp_path):
-  """Run `python -m cli.main ...` (or any module) as on a Python with only the base install."""
+def _python_without(tmp_path, hidden: tuple[str, ...]):
+  """Run `python -m cli.main ...` (or any module) as on a Python where the `hidden` distributions are not installed."""
   (tmp_path / "site").mkdir()
   (tmp_path / "site" / "sitecustomize.py").write_text(_HIDE)
-  env = {**os.environ, "HIDE_MODULES": ",".join(EXTRAS_ONLY), "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}"}
+  env = {**os.environ, "HIDE_MODULES": ",".join(hidden), "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}"}
 
   def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   return run
+
+
+@pytest.fixture
+def car_python(tmp_path):
+  """The car: only the base install."""
+  return _python_without(tmp_path, EXTRAS_ONLY)
+
+
+@pytest.fixture
+def arm_build_python(tmp_path):
+  """An aarch64 build box: the [build] extra installed, which there brings onnx and onnxruntime but no tinymesa."""
+  return _python_without(tmp_path, ("tinymesa",))
 
 
 def test_the_hiding_works(car_python):
@@ -72,3 +83,14 @@ def test_a_tool_names_the_extra_it_needs(car_python, tmp_path):
   assert "Traceback" not in r.stderr and not (tmp_path / "m").exists()
   r = car_python("-m", "cli.main", "synth", "-o", str(tmp_path / "seg"), "--seconds", "1")
   assert r.returncode == 2 and "[replay] extra" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_qcom_compile_without_the_ir3_compiler_is_refused(arm_build_python, tiny_models, tmp_path):
+  """Where tinymesa cannot be installed (aarch64) the [build] extra still compiles CPU artifacts; a QCOM compile is refused
+  in one line before any model is loaded, instead of tinygrad's traceback from the first kernel it tries to compile."""
+  out = tmp_path / "q"
+  r = arm_build_python("-m", "cli.main", "compile", "--vision", str(tiny_models / "driving_vision.onnx"),
+                       "--policy", str(tiny_models / "driving_policy.onnx"), "--device", "QCOM", "-o", str(out))
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert "Mesa's IR3 compiler (the tinymesa wheel, x86_64 only) is not installed" in r.stderr and "loading models" not in r.stderr
+  assert not out.exists() and not any(p.name.startswith(".q.") for p in tmp_path.iterdir())
