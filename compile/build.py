@@ -8,7 +8,8 @@ Validation before anything is written:
 The pickles are reproducible (the same models, versions and flags give the same bytes; the metadata holds no build time)
 and carry no scratch memory: buffers every JIT writes before reading them are pickled without contents (jit_pickle.pickle_programs);
 check 3 runs the reloaded JITs on freshly allocated scratch, so contents that were needed after all would fail it.
-QCOM is captured on the emulated render node under openpilot's QCOM flags (TARGET_FLAGS, recorded as metadata "flags"), with
+QCOM is captured on the emulated render node under the QCOM flags of the openpilot release it is for (QCOM_FLAGS_OF, recorded
+as metadata "flags" and "openpilot"), with
 the node executing the a630 machine code (level B): the capture runs kernels whose outputs are pickled with the program
 (weights converted on the device, e.g. into IMAGE=2 layouts), so a capture that does not execute them pickles buffers that
 were never written. 1 and 2 run on the emulated a630 like on the CPU, and 3 also proves that the reloaded pickles replay
@@ -58,10 +59,13 @@ TARGETS = {
   "NV": ("NV", "NV"),
   "AMD": ("AMD", "AMD"),
 }
-# tinygrad flags the capture runs under, per device (openpilot's release build, docs contract §12): fp16 image convolutions,
-# no local memory, and the whole step as one graph (JIT_BATCH_SIZE=0 lifts the batch limit)
-QCOM_FLAGS = {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "IMAGE": 2}
-TARGET_FLAGS: dict[str, dict[str, int]] = {"QCOM": QCOM_FLAGS}
+# tinygrad flags a QCOM capture runs under: those of the openpilot release the artifact is for (its modeld build on the
+# device): fp16, no local memory, the whole step as one graph (JIT_BATCH_SIZE=0 lifts the batch limit), tinygrad's openpilot
+# scheduling hacks, and images: 0.11 builds IMAGE=2 on larch64 (docs contract §12), master IMAGE=1 (its modeld's QCOM flags)
+QCOM_FLAGS_OF = {
+  "0.11": {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "OPENPILOT_HACKS": 1, "IMAGE": 2},
+  "master": {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "OPENPILOT_HACKS": 1, "IMAGE": 1},
+}
 
 
 @dataclass
@@ -87,6 +91,7 @@ class Capture:
   load_target: str
   flags: dict[str, int]
   threads: Any
+  openpilot: str | None = None   # whose QCOM flags (QCOM_FLAGS_OF); None where no flags apply
 
   def start_execution(self) -> None:
     """QCOM: the emulated node executes the a630 code from here on (level B) and a page fault fails the build."""
@@ -117,7 +122,7 @@ class Capture:
                           "output_shapes": {k: list(v) for k, v in i.output_shapes.items()},
                           "output_slices": {k: [s.start, s.stop] for k, s in i.output_slices.items()}, "metadata": i.metadata}
                  for i in infos},
-      "flags": dict(self.flags),
+      "flags": dict(self.flags), "openpilot": self.openpilot,
       # estimated a630 time per kernel from its executed work: bound graphs are cut into submits by it (backend/chunking.py)
       "kernel_us": kernel_us,
       "precision": {"compute": compute, "why": why, "cpu": cpu_info().summary() if on_cpu else None},
@@ -126,8 +131,9 @@ class Capture:
     }
 
 
-def open_capture(device: str, log=print) -> Capture:
-  """Point tinygrad at the capture target of `device` (QCOM: our kernel interfaces installed, the emulated node first)."""
+def open_capture(device: str, log=print, openpilot: str = "0.11") -> Capture:
+  """Point tinygrad at the capture target of `device` (QCOM: our kernel interfaces installed, the emulated node first, and
+  the flags of the `openpilot` release the artifact is for)."""
   capture_target, load_target = TARGETS[device]
   if device == "QCOM":
     import backend
@@ -137,10 +143,10 @@ def open_capture(device: str, log=print) -> Capture:
   DEV.value = capture_target
   dev_name = Device.DEFAULT
   threads = cpu_threads.install(dev_name) if device == "CPU" else None
-  flags = TARGET_FLAGS.get(device, {})
+  flags = QCOM_FLAGS_OF[openpilot] if device == "QCOM" else {}
   if flags:
-    log(f"[compile] capture flags: {' '.join(f'{k}={v}' for k, v in flags.items())}")
-  return Capture(device, dev_name, capture_target, load_target, dict(flags), threads)
+    log(f"[compile] capture flags (openpilot {openpilot}'s): {' '.join(f'{k}={v}' for k, v in flags.items())}")
+  return Capture(device, dev_name, capture_target, load_target, dict(flags), threads, openpilot if flags else None)
 
 
 def ort_check(info: OnnxModelInfo, runner, rng: np.random.Generator, report: CompileReport, sess=None) -> None:

@@ -54,7 +54,8 @@ class _Steps:
 
 
 def compile_dm_artifact(model: str | Path, camera: tuple[int, int], device: str, out_dir: str | Path, log=print,
-                        precision: str = "auto", layout: str | None = None) -> CompileReport:
+                        precision: str = "auto", layout: str | None = None, openpilot: str = "0.11") -> CompileReport:
+  """openpilot: whose QCOM flags (compile.build.QCOM_FLAGS_OF): dmonitoringmodeld runs in 0.11 and in master alike."""
   compute, why, use_layout, layout_why = compile_options(device, precision, layout)
   out_dir = Path(out_dir)
   report = CompileReport(out_dir)
@@ -65,7 +66,7 @@ def compile_dm_artifact(model: str | Path, camera: tuple[int, int], device: str,
                         + ("" if "sleep_prob_lhd" in info.output_slices else " (no sleep_prob: the 0.11.0 layout)")))
   report.checks.append(("precision", "ok", f"{compute}: {why}; cpu layout {'on' if use_layout else 'off'} ({layout_why})"))
   check_out_dir(out_dir, (Path(model),))
-  cap = open_capture(device, log)
+  cap = open_capture(device, log, openpilot)
   from tinygrad.helpers import Context
   nv = nv12_info(*camera)
   with Context(**cap.flags):

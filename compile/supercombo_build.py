@@ -92,7 +92,7 @@ def compile_supercombo_artifact(model: str | Path, camera: tuple[int, int], devi
   report.checks.append(("precision", "ok", f"{compute}: {why}; cpu layout {'on' if use_layout else 'off'} ({layout_why}); "
                         "kernel search: none shipped for this contract (tinygrad's heuristic opts)"))
   check_out_dir(out_dir, (Path(model),))
-  cap = open_capture(device, log)
+  cap = open_capture(device, log, openpilot="master")   # the combined model is master's: its IMAGE=1 build
   from tinygrad.helpers import Context
   nv = nv12_info(*camera)
   with Context(**cap.flags):

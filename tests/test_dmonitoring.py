@@ -237,7 +237,8 @@ def test_qcom_dm_artifact_executes_on_the_emulated_a630_like_the_cpu(tmp_path, d
   rows = {line.split("  ")[0].strip() for line in r.stdout.splitlines()}
   assert {"pickle replay (EMU)", "a630 time estimate", "a630 vs tinygrad CI"} <= rows, r.stdout
   art = verify_artifact(out, device="QCOM", kind="dmonitoring")
-  assert art.meta["flags"] == {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "IMAGE": 2} and art.meta["kernel_us"]
+  assert art.meta["flags"] == {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "OPENPILOT_HACKS": 1, "IMAGE": 2}, art.meta["flags"]
+  assert art.meta["openpilot"] == "0.11" and art.meta["kernel_us"]
   code = """
 import json, sys, numpy as np
 from modeld_msm.dm_core import DMonitoringCore

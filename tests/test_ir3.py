@@ -270,14 +270,80 @@ FP16 = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": lambda a, b
 
 @pytest.mark.parametrize("name", list(FP16))
 def test_fp16(name):
-  """fp16 ops: half registers, cov and fp16 ALU. Each op rounds to fp16 as the CPU does (exp2: within 1 fp16 ulp)."""
+  """fp16 ops: half registers, cov and fp16 ALU. Each op rounds to fp16 as the CPU does (exp2: within 1 fp16 ulp). mad is
+  held to the a6xx's two roundings (see MESA_MAD): the CPU's a*b+a in _Float16 is evaluated in float or fused as clang and
+  the host's ISA choose (C leaves the evaluation method of _Float16 to the implementation), so it is only within an ulp."""
   from tinygrad import dtypes
   fn = FP16[name]
   ref, got = on_both(lambda a, b: fn(a.cast(dtypes.half), b.cast(dtypes.half)), F32, F32B, flags={})
   if name == "exp2":
     assert_close(ref, got, 1e-3, 1e-3, name)
+  elif name == "mad":
+    a, b = F32.astype(np.float16), F32B.astype(np.float16)
+    assert np.array_equal(got, (a * b) + a), "mad.f16: a*b rounded to fp16, then +a rounded"
+    # one rounding or two: apart by at most an fp16 ulp of a*b plus one of the sum (which may cancel, so not relative to it)
+    bound = np.spacing(np.abs(a * b)).astype(np.float64) + np.spacing(np.abs(got))
+    assert (np.abs(ref.astype(np.float64) - got) <= bound).all(), name
   else:
     assert np.array_equal(ref, got), name
+
+
+def test_int64_to_float_through_mesas_lowering_of_find_msb():
+  """The a630 has no 64-bit ALU: NIR lowers i64 -> f32 with ufind_msb of each half, which Mesa's ir3 emits as
+  `sel(x != 0 ? 31 - clz.b(x) : clz.b(x))` (src/freedreno/ir3/ir3_compiler_nir.c, nir_op_ufind_msb): NIR's ufind_msb(0) = -1
+  holds only if clz.b(0) is -1 (all ones), and find_lsb = clz.b(bfrev(x)) needs the same. With clz.b(0) = 32 every value
+  whose high word is 0 converted to 0. C defines int64 -> float (rounded to nearest even), so the CPU is the reference."""
+  from tinygrad import dtypes
+  v = np.concatenate([np.arange(-4, 5), [2**31 - 1, 2**31, 2**32 + 7, 2**40 + 12345, -(2**40) - 3, 2**62 + 2**39 + 1, -(2**63)],
+                      RNG.integers(-2**62, 2**62, 64)]).astype(np.int64)
+  ref, got = on_both(lambda x: x.cast(dtypes.float32), v, flags={})
+  assert np.array_equal(ref, v.astype(np.float32)) and np.array_equal(got, ref), (got[:16], ref[:16])
+
+
+def test_sin_of_large_arguments_is_what_mesas_range_reduction_computes():
+  """Mesa reduces a 32-bit fsin/fcos argument before the a6xx sin/cos (src/freedreno/ir3/ir3_nir_trig.py):
+  `(('fsin', 'x@32'), ('fsin', ('!ffma_old', 6.2831853, ('ffract', ('!ffma_old', 0.15915494, 'x', 0.5)), -3.14159265)))`.
+  In fp32 that phase is coarse for large x (x = 1e6: x/2pi + 0.5 = 159155.4375, ulp 1/64), so the a630 gives sin(-pi/8), not
+  sin(1e6) = -0.34999: tinygrad's test_ops sin/cos/tan fail there on the hardware too. Held exactly (mad rounding twice, as
+  Mesa's mad does), with the small arguments within the SFU bound."""
+  from tinygrad import Tensor
+  x = np.array([1e6, 1e5, 12345.678, 3.0, -2.5, 0.1], np.float32)
+  with executing():
+    got = Tensor(x, device="QCOM").sin().numpy()
+  t = x * np.float32(0.15915494) + np.float32(0.5)   # each op rounds to fp32, as mad.f32 does
+  y = (t - np.floor(t)) * np.float32(6.2831853) + np.float32(-3.14159265)
+  want = np.sin(y.astype(np.float64)).astype(np.float32)
+  assert abs(got[0] - np.sin(-np.pi / 8)) < 1e-6 and abs(float(np.sin(1e6)) - got[0]) > 0.03, got[0]
+  assert_close(want, got, SFU_RTOL, SFU_ATOL, "sin after Mesa's range reduction")
+  assert_close(np.sin(x[3:].astype(np.float64)).astype(np.float32), got[3:], 1e-5, 1e-5, "sin of small arguments")
+
+
+# Mesa's ir3 turns a*b+c into mad.f32/mad.f16 and says why it may: "fuse fadd+fmul late to get something we can turn into
+# mad.f32/f16. [...] Since for us, mad is not fused, we don't have this restriction." (src/freedreno/ir3/
+# ir3_nir_opt_algebraic_late.py, Mesa main). So the a6xx rounds a*b to the type, then the sum: two roundings, not an FMA.
+MESA_MAD = "ir3_nir_opt_algebraic_late.py: mad is not fused"
+
+
+def test_mad_f32_rounds_twice_as_mesa_states():
+  """c = -(a*b rounded): two roundings give exactly 0, one rounding (an FMA) gives a*b's rounding error. The kernel must
+  hold a mad.f32 (else this tests add and mul), and the data must tell the two apart (else it cannot fail)."""
+  from tinygrad import Tensor
+
+  from backend.emu.ir3.decode import decode
+  a, b = F32 * np.float32(1.37), F32B * np.float32(0.91)
+  c = -(a * b)
+  fused = (a.astype(np.float64) * b + c).astype(np.float32)
+  assert (fused != 0).sum() > len(a) // 2, "the data must separate one rounding from two"
+  shaders: list[bytes] = []
+  with executing() as node:
+    node.on_dispatch, was = (lambda d: shaders.append(d.shader)), node.on_dispatch
+    try:
+      got = (Tensor(a, device="QCOM") * Tensor(b, device="QCOM") + Tensor(c, device="QCOM")).numpy()
+    finally:
+      node.on_dispatch = was
+  ops = {i.op for sh in shaders for i in decode(sh).instrs}
+  assert "mad.f32" in ops, (MESA_MAD, sorted(ops))
+  assert np.array_equal(got, (a * b) + c) and not got.any(), (MESA_MAD, got[:8])
 
 
 CASTS = [("float32", "int32"), ("float32", "half"), ("half", "float32"), ("int32", "float32"), ("int32", "half"), ("float32", "uint8"),

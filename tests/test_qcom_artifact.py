@@ -27,7 +27,8 @@ EMU = MODELD_DEV.startswith("EMU")
 emu_only = pytest.mark.skipif(not EMU, reason="inspects the emulated render node")
 INFO = nv12_info(1928, 1208)
 FRAME_NS = 50_000_000
-OPENPILOT_QCOM_FLAGS = {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "IMAGE": 2}
+# openpilot 0.11's QCOM build (docs contract §12: IMAGE=2 on larch64); master's modeld builds IMAGE=1
+OPENPILOT_QCOM_FLAGS = {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "OPENPILOT_HACKS": 1, "IMAGE": 2}
 
 
 @contextlib.contextmanager
@@ -50,7 +51,7 @@ def _qcom_device():
 @pytest.mark.device
 def test_compile_uses_openpilot_qcom_flags_and_proves_replay(qcom_artifact, cli):
   meta = json.loads((qcom_artifact / "metadata.json").read_text())
-  assert meta["flags"] == OPENPILOT_QCOM_FLAGS
+  assert meta["flags"] == OPENPILOT_QCOM_FLAGS and meta["openpilot"] == "0.11"
   assert meta["device"] == "QCOM" and meta["load_target"] == "QCOM:IR3" and meta["capture_target"] == "EMU+QCOM:IR3"
   assert "IMAGE_PITCH_ALIGNMENT=64" in meta["arch"], meta["arch"]   # the device opened under IMAGE
   checks = {c: (res, detail) for c, res, detail in meta["validation"]["checks"]}
@@ -59,7 +60,7 @@ def test_compile_uses_openpilot_qcom_flags_and_proves_replay(qcom_artifact, cli)
   submits = int(detail.split(" submits")[0].rsplit(" ", 1)[1])
   assert submits >= len(meta["validation"]["step_plan"])   # at least one GEM_SUBMIT per replayed step
   log = (qcom_artifact.parent / "compile.log").read_text()
-  assert "capture flags: FLOAT16=1 NOLOCALS=1 JIT_BATCH_SIZE=0 IMAGE=2" in log
+  assert "capture flags (openpilot 0.11's): FLOAT16=1 NOLOCALS=1 JIT_BATCH_SIZE=0 OPENPILOT_HACKS=1 IMAGE=2" in log
   r = cli("verify", qcom_artifact, "--device", "QCOM", "--camera", "1928x1208")
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
 

@@ -135,3 +135,23 @@ def test_compile_cli_writes_a_supercombo_artifact_verify_names(pair_and_combined
   assert dm.returncode == 2 and "combined driving model of openpilot master" in dm.stderr and "Traceback" not in dm.stderr, dm.stderr
   both = run_cli("compile", "--model", cinfo.path, "--vision", cinfo.path, "--policy", cinfo.path, "-o", tmp_path / "x", timeout=120)
   assert both.returncode == 2 and "in place of 0.11's --vision/--policy" in both.stderr and not (tmp_path / "x").exists()
+  master = run_cli("compile", "--model", cinfo.path, "--openpilot", "0.11", "-o", tmp_path / "y", timeout=120)
+  assert master.returncode == 2 and "is master's driving model" in master.stderr and not (tmp_path / "y").exists(), master.stderr
+
+
+@pytest.mark.slow
+def test_qcom_capture_builds_under_masters_image1_flags_and_matches_onnxruntime(pair_and_combined, tmp_path):
+  """Master's modeld builds QCOM with IMAGE=1 (0.11: IMAGE=2): the combined model's capture takes master's flags, and its
+  IMAGE=1 kernels run on the emulated a630 (level B) within onnxruntime's tolerance, jitted == unjitted, replayed from the
+  pickles through the MSM submit path."""
+  _, _, cinfo = pair_and_combined
+  out = tmp_path / "qcom"
+  r = run_cli("compile", "--model", cinfo.path, "--device", "QCOM", "-o", out, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "capture flags (openpilot master's): FLOAT16=1 NOLOCALS=1 JIT_BATCH_SIZE=0 OPENPILOT_HACKS=1 IMAGE=1" in r.stdout, r.stdout
+  rows = {line.split("  ")[0].strip(): line for line in r.stdout.splitlines()}
+  for row in ("supercombo vs onnxruntime", "jit == unjitted", "pickle replay (EMU)"):
+    assert row in rows and " ok " in rows[row], (row, r.stdout)
+  meta = json.loads((out / "metadata.json").read_text())
+  assert meta["flags"]["IMAGE"] == 1 and meta["openpilot"] == "master" and meta["kernel_us"]
+  assert "IMAGE_PITCH_ALIGNMENT" in meta["arch"]   # the device opened under IMAGE

@@ -27,6 +27,9 @@ def add_arguments(p) -> None:
                  help="CPU layout (transposed constant weights, dense convolutions materialised, pointwise convolutions on our "
                       "kernel); default auto = on for CPU targets, "
                       "or $MODELD_CPU_LAYOUT")
+  p.add_argument("--openpilot", choices=("0.11", "master"), default=None,
+                 help="whose QCOM build flags (0.11: IMAGE=2, master: IMAGE=1; both FLOAT16 NOLOCALS JIT_BATCH_SIZE=0 OPENPILOT_HACKS): "
+                      "the driving pair is 0.11's and --model master's; --dmonitoring runs in both (default 0.11)")
   p.add_argument("--search", choices=("auto", "off"), default=None,
                  help="the shipped kernel search (compile/cpu_search_table.json), used only where it was recorded for these models; "
                       "default auto, or $MODELD_CPU_SEARCH")
@@ -39,7 +42,12 @@ def _compile(args):
       raise UserError("--dmonitoring builds an artifact of its own; compile the driving model (--vision/--policy) into another -o")
     if args.search:
       raise UserError("--search is the driving model's kernel search; the driver-monitoring compile has none")
-    return compile_dm_artifact(args.dmonitoring, camera, args.device, args.out, precision=args.precision, layout=args.layout)
+    return compile_dm_artifact(args.dmonitoring, camera, args.device, args.out, precision=args.precision, layout=args.layout,
+                               openpilot=args.openpilot or "0.11")
+  if args.openpilot == ("0.11" if args.model else "master"):
+    whose = "--model driving_supercombo.onnx is master" if args.model else "the --vision/--policy pair is 0.11"
+    raise UserError(f"--openpilot {args.openpilot}: {whose}'s driving model and builds with its flags; --openpilot chooses only "
+                    "for --dmonitoring")
   if args.model:
     if args.vision or args.policy:
       raise UserError("--model is master's combined driving model, in place of 0.11's --vision/--policy pair; pass one or the other")

@@ -1,12 +1,12 @@
 """What the a6xx ALU instructions compute (cat1 moves/conversions, cat2/cat3 ALU, cat4 SFU), on numpy vectors of fibers.
 
 Values travel as raw register bits (uint32 for full registers, uint16 for half ones); each op views them in its own
-type. fp32/fp16 arithmetic is IEEE round-to-nearest-even as numpy does it, rounding once per instruction: mad rounds
-a*b+c once (computed exactly in the next wider type; for fp32 the double rounding through fp64 is off by at most 1 ulp
-in rare ties), fp16 goes through fp32 and rounds once per op. SFU results (cat4) are computed in fp32 and rounded to the
-destination: rcp/sqrt/rsq are correctly rounded here, exp2/log2/sin/cos within 2 ulp (numpy's fp32 routines, whose bits differ
-with the host's ISA: AVX-512 and AVX2 builds disagree in the last ulp); the a630's own SFU is documented at 1-2 ulp,
-so conformance against the CPU compares cat4 results with a 2-ulp bound.
+type. fp32/fp16 arithmetic is IEEE round-to-nearest-even as numpy does it, rounding once per operation: mad.f32/mad.f16
+are not fused (Mesa, src/freedreno/ir3/ir3_nir_opt_algebraic_late.py: "Since for us, mad is not fused"), so a*b rounds
+to the destination type and then +c rounds again; fp16 goes through fp32 and rounds once per op. SFU results (cat4) are
+computed in fp32 and rounded to the destination: rcp/sqrt/rsq are correctly rounded here, exp2/log2/sin/cos within 2 ulp
+(numpy's fp32 routines, whose bits differ with the host's ISA: AVX-512 and AVX2 builds disagree in the last ulp). No
+public source states the a630 SFU's accuracy, so conformance against the CPU compares cat4 results with a 2-ulp bound.
 """
 from __future__ import annotations
 
@@ -98,7 +98,9 @@ def _s16(a):
 
 
 def _clz(a):
-  out = np.full(a.shape, 32, np.uint32)
+  """clz.b of 0 is all ones (-1), not 32: Mesa's ir3 emits NIR's ufind_msb as sel(x != 0 ? 31 - clz(x) : clz(x)) and find_lsb
+  as clz(bfrev(x)), both -1 for 0 by NIR's definition only if clz.b(0) is -1 (src/freedreno/ir3/ir3_compiler_nir.c)."""
+  out = np.full(a.shape, 0xffffffff, np.uint32)
   nz = a != 0
   out[nz] = 31 - np.floor(np.log2(a[nz].astype(np.float64))).astype(np.uint32)
   return out
@@ -135,8 +137,8 @@ def _madsh(a, b, c):
 
 # cat3: op -> (source kind, function of the three typed sources)
 CAT3: dict[str, tuple[str, Callable]] = {
-  "mad.f32": ("f", lambda a, b, c: (a.astype(np.float64) * b + c).astype(np.float32)),
-  "mad.f16": ("f", lambda a, b, c: (a.astype(np.float32) * b + c).astype(np.float16)),
+  "mad.f32": ("f", lambda a, b, c: np.add(np.multiply(a, b, dtype=np.float32), c, dtype=np.float32)),
+  "mad.f16": ("f", lambda a, b, c: np.add(np.multiply(a, b, dtype=np.float16), c, dtype=np.float16)),
   "madsh.m16": ("u", _madsh),
   "mad.u16": ("u", lambda a, b, c: (a & 0xffff) * (b & 0xffff) + c),
   "mad.s16": ("s", lambda a, b, c: _s16(a) * _s16(b) + c),

@@ -207,14 +207,13 @@ def _alu_run3(f, d: int, dhalf: bool, readers) -> Handler:
 
 
 def _mad_f32(d: int, ia: int, ib: int, ic: int, slow: Handler) -> Handler:
-  """alu.CAT3['mad.f32'] over every lane, in place: a*b exact in fp64, +c rounded in fp64, one cast into the fp32 row."""
+  """alu.CAT3['mad.f32'] over every lane, in place: a*b rounded to fp32, then +c rounded (the a6xx mad is not fused)."""
   def mad(b, mask):
     if mask is not None:
       return slow(b, mask)
     f32 = b.L.f32
-    t = np.multiply(f32[ia], f32[ib], dtype=np.float64)
-    t += f32[ic]
-    f32[d] = t
+    t = np.multiply(f32[ia], f32[ib])
+    np.add(t, f32[ic], out=f32[d])
   return mad
 
 
