@@ -295,7 +295,7 @@ def test_int64_to_float_through_mesas_lowering_of_find_msb():
   whose high word is 0 converted to 0. C defines int64 -> float (rounded to nearest even), so the CPU is the reference."""
   from tinygrad import dtypes
   v = np.concatenate([np.arange(-4, 5), [2**31 - 1, 2**31, 2**32 + 7, 2**40 + 12345, -(2**40) - 3, 2**62 + 2**39 + 1, -(2**63)],
-                      RNG.integers(-2**62, 2**62, 64)]).astype(np.int64)
+                      np.random.default_rng(11).integers(-2**62, 2**62, 64)]).astype(np.int64)
   ref, got = on_both(lambda x: x.cast(dtypes.float32), v, flags={})
   assert np.array_equal(ref, v.astype(np.float32)) and np.array_equal(got, ref), (got[:16], ref[:16])
 
