@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -22,21 +21,6 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def cpu_line() -> str:
-  model, flags = platform.processor() or "?", set()
-  try:
-    for ln in Path("/proc/cpuinfo").read_text().splitlines():
-      if ln.startswith("model name"):
-        model = ln.split(":", 1)[1].strip()
-      elif ln.startswith("flags"):
-        flags = set(ln.split(":", 1)[1].split())
-        break
-  except OSError:
-    pass
-  feats = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_fp16", "avx512_bf16") if f in flags]
-  return f"{model}, {os.cpu_count()} cores, features: {' '.join(feats) or 'none of avx2/fma/f16c/avx512'}"
 
 
 def build(size: str, work: Path) -> tuple[Path, Path]:
@@ -81,7 +65,8 @@ def main() -> None:
   ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "modeld-msm" / "bench-emu")
   args = ap.parse_args()
   args.workdir.mkdir(parents=True, exist_ok=True)
-  print(f"CPU: {cpu_line()}")
+  from artifact.cpu_info import cpu_info
+  print(f"CPU: {cpu_info().summary()}")
   q, c = build(args.size, args.workdir)
   import backend
   backend.install()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import importlib.metadata
 import json
 import os
 import platform
@@ -115,19 +116,7 @@ def installed_distance(src: Path) -> str:
 
 
 def installed_version() -> str:
-  import importlib.metadata
   return importlib.metadata.version("tinygrad")
-
-
-def cpu_line() -> str:
-  model, flags = platform.processor() or "?", set()
-  for ln in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-    if ln.startswith("model name"):
-      model = ln.split(":", 1)[1].strip()
-    elif ln.startswith("flags"):
-      flags = set(ln.split(":", 1)[1].split())
-      break
-  return f"{model}, {os.cpu_count()} cores, {' '.join(f for f in ('avx2', 'fma', 'avx512f') if f in flags)}"
 
 
 def run_suite(name: str, tests: Path, env: dict[str, str], args) -> SuiteResult:
@@ -234,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
   args.logs = args.logs or tempfile.mkdtemp(prefix="tg_suite_logs_")
   Path(args.logs).mkdir(parents=True, exist_ok=True)
 
-  print(f"CPU: {cpu_line()}; Python {platform.python_version()}; tinygrad {installed_version()}")
+  sys.path.insert(0, str(REPO))
+  from artifact.cpu_info import cpu_info
+  print(f"CPU: {cpu_info().summary()}; Python {platform.python_version()}; tinygrad {installed_version()}")
   print(installed_distance(src))
   results = []
   with tempfile.TemporaryDirectory(prefix="tg_tests_") as td:

@@ -16,8 +16,9 @@ import tinygrad_suites as ts  # noqa: E402
 ONE_TEST = "def test_one():\n  assert 1 + 1 == 2\n"
 
 
-def _pytest(tmp_path, env_extra):
-  (tmp_path / "test_one.py").write_text(ONE_TEST)
+def _pytest(tmp_path, env_extra, source=ONE_TEST):
+  """pytest with the plugin over one test file of `source`."""
+  (tmp_path / "test_one.py").write_text(source)
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "bench"), str(REPO)]), **env_extra}
   return subprocess.run([sys.executable, "-m", "pytest", "-p", "tinygrad_emu_plugin", "-p", "no:cacheprovider", "-q", "test_one.py"],
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -32,11 +33,8 @@ def test_the_plugin_refuses_a_run_that_would_not_execute_on_the_emulator(tmp_pat
 
 def test_the_plugin_runs_tests_on_the_executing_emulator_and_counts_its_work(tmp_path):
   stats = tmp_path / "stats.json"
-  (tmp_path / "test_one.py").write_text("from tinygrad import Tensor\ndef test_add():\n  assert (Tensor([1.0, 2.0]) + 1).tolist() == [2.0, 3.0]\n")
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "bench"), str(REPO)]), "DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1",
-         "TG_SUITE_STATS": str(stats)}
-  r = subprocess.run([sys.executable, "-m", "pytest", "-p", "tinygrad_emu_plugin", "-p", "no:cacheprovider", "-q", "test_one.py"],
-                     cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  r = _pytest(tmp_path, {"DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1", "TG_SUITE_STATS": str(stats)},
+              "from tinygrad import Tensor\ndef test_add():\n  assert (Tensor([1.0, 2.0]) + 1).tolist() == [2.0, 3.0]\n")
   assert r.returncode == 0, r.stdout + r.stderr
   s = json.loads(stats.read_text())
   assert s["dispatches"] >= 1 and s["fiber_instrs"] > 0 and s["faults"] == 0, s
