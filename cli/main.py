@@ -13,7 +13,7 @@ import sys
 from selfdrive_glue.errors import UserError, describe_os_error
 
 COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "serve-dm", "demo", "synth",
-            "replay", "regress", "train", "doctor"]
+            "replay", "regress", "train", "train-dm", "doctor"]
 
 HELP = {
   "models": "write reference models: driving_vision.onnx + driving_policy.onnx, or dmonitoring_model.onnx (tiny or full)",
@@ -32,6 +32,7 @@ HELP = {
   "replay": "run logged segments through the model pipeline into an output log",
   "regress": "compare two replay output logs field by field",
   "train": "train the tiny stand-in vision + policy on rendered drives (the recipe behind the demo's default models)",
+  "train-dm": "train the tiny driver-monitoring stand-in on rendered cabins (the recipe behind the demo's DM model)",
   "doctor": "report tinygrad/tinymesa versions, kernel interfaces and render node facts",
 }
 

@@ -117,9 +117,25 @@ def build_dm_model(size: str = "tiny", seed: int = 0):
   return model
 
 
-def write_dm_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, model=None) -> WrittenModel:
-  """Write dmonitoring_model.onnx into out_dir atomically. model: an already built ModelProto (e.g. a trained stand-in)."""
+def dm_stand_in_model():
+  """The trained driver-monitoring stand-in (tiny architecture, weights from `modeld-msm train-dm`), shipped as package data."""
+  import onnx
+
+  from compile.refmodels import STAND_IN_DIR
+  path = STAND_IN_DIR / FILE
+  if not path.is_file():
+    raise UserError(f"the trained stand-in model {path} is missing from this install; reinstall modeld-msm or use random weights")
+  return onnx.load(str(path))
+
+
+def write_dm_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, model=None, stand_in: bool = False) -> WrittenModel:
+  """Write dmonitoring_model.onnx into out_dir atomically. model: an already built ModelProto; stand_in: the trained tiny
+  stand-in (size must be tiny)."""
   out_dir = Path(out_dir)
+  if stand_in:
+    if size != "tiny":
+      raise UserError("the trained stand-in is tiny only; drop --stand-in for the full size")
+    model = dm_stand_in_model()
   if out_dir.exists() and not out_dir.is_dir():
     raise UserError(f"output path {out_dir} exists and is not a directory; pass a directory with -o")
   model = model if model is not None else build_dm_model(size, seed)

@@ -1,7 +1,8 @@
 """One frame step of dmonitoringmodeld, shared by `serve-dm` (live) and replay: calibration + driver frame in,
 driverStateV2 out. Like ModeldCore it never touches sockets or clocks of its own.
 
-As openpilot's: calib is rpyCalib of the newest liveCalibration (zeros until the first), the warp matrix is the driver
+As openpilot's: calib is rpyCalib of the newest liveCalibration (or extrinsicsCalibration, the newest master's name;
+zeros until the first), the warp matrix is the driver
 camera's (from the frame width), every frame is run (no frame skip), and driverStateV2 goes out with valid=True.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from selfdrive_glue.nv12 import nv12_info
 
 log = logging.getLogger("dmonitoringmodeld")
 
-SUBSCRIBED = ("liveCalibration",)
+SUBSCRIBED = ("liveCalibration", "extrinsicsCalibration")   # 0.11's and the newest master's name for the calibration
 PUBLISHED = ("driverStateV2",)
 
 
@@ -71,7 +72,7 @@ class DMonitoringCore:
       self.on_member(which, getattr(evt, which))
 
   def on_member(self, which: str, msg) -> None:
-    if which != "liveCalibration":
+    if which not in SUBSCRIBED:
       return
     try:
       rpy = np.array(list(msg.rpyCalib), dtype=np.float32)
@@ -82,7 +83,7 @@ class DMonitoringCore:
     except Exception as e:   # a bad calibration message must not stop the process: keep the last calib
       self.stats.bad_inputs += 1
       if str(e) != self._calib_error:
-        log.error("ignoring liveCalibration: %s", e)
+        log.error("ignoring %s: %s", which, e)
         self._calib_error = str(e)
 
   def run(self, buf: np.ndarray) -> np.ndarray:

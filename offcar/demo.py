@@ -116,13 +116,15 @@ def _cached_supercombo(size: str, camera: str, device: str, log, stand_in: bool,
                    f"{size} reference models fused into master's combined model ({weights} weights)", log, tag)
 
 
-def cached_dm_artifact(camera: str, device: str, log=print) -> Path:
-  """The tiny reference driver-monitoring model (random weights: no DM stand-in is trained yet) -> artifact, cached (_cached)."""
+def cached_dm_artifact(camera: str, device: str, log=print, stand_in: bool = True) -> Path:
+  """The tiny driver-monitoring model -> artifact, cached (_cached). stand_in: the trained stand-in (`train-dm`), else
+  the random-weight reference model."""
   with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
-    model = write_dm_model(td, "tiny", 0).path
-    return _cached("dm-artifact-tiny-random", "", [model], camera, device, "dmonitoring",
+    weights = "standin" if stand_in else "random"
+    model = write_dm_model(td, "tiny", 0, stand_in=stand_in).path
+    return _cached(f"dm-artifact-tiny-{weights}", weights, [model], camera, device, "dmonitoring",
                    lambda art: compile_dm_artifact(model, parse_camera(camera), device, art, log=log),
-                   "tiny driver-monitoring model", log, "demo")
+                   f"tiny driver-monitoring model ({weights} weights)", log, "demo")
 
 
 def rss_mb(pid: int) -> float | None:
@@ -177,7 +179,7 @@ def run_demo(opts: DemoOptions) -> dict:
   opts.out.mkdir(parents=True, exist_ok=True)
   size = "full" if opts.full else "tiny"
   art = cached_artifact(size, opts.camera, opts.device, stand_in=not opts.random_weights and size == "tiny", contract=opts.contract)
-  dm_art = cached_dm_artifact(opts.camera, opts.device) if opts.dm else None
+  dm_art = cached_dm_artifact(opts.camera, opts.device, stand_in=not opts.random_weights) if opts.dm else None
   prefix = f"demo{uuid.uuid4().hex[:8]}"
   env = dict(os.environ, OPENPILOT_PREFIX=prefix, PYTHONUNBUFFERED="1")
   os.environ["OPENPILOT_PREFIX"] = prefix  # the listener in this process uses the same namespace
@@ -262,15 +264,16 @@ def run_demo(opts: DemoOptions) -> dict:
   summary = summarize(trace, counts, cam_stats, rss_start, rss_end, art, opts) | truth.summary
   if opts.dm:
     acc = dm_accuracy.evaluate(CabinScene(opts.seed, opts.camera), dm_preds)
-    summary |= {"dm_artifact": str(dm_art), "dm_weights": "random"} | {k: json_number(v) if isinstance(v, float) else v
-                                                                       for k, v in acc.summary().items()}
-    plot_dm(dm_preds, acc, opts.out / "dm.png")
+    dm_weights = "random" if opts.random_weights else "stand-in"
+    summary |= {"dm_artifact": str(dm_art), "dm_weights": dm_weights} | {k: json_number(v) if isinstance(v, float) else v
+                                                                         for k, v in acc.summary().items()}
+    plot_dm(dm_preds, acc, opts.out / "dm.png", dm_weights)
   write_atomic(opts.out / "summary.json", json.dumps(summary, indent=1))
   plot(trace, opts.out / "plan.png", summary, truth.trace)
   return summary
 
 
-def plot_dm(preds: list[dm_accuracy.DMPrediction], acc: dm_accuracy.DMAccuracy, path: Path) -> None:
+def plot_dm(preds: list[dm_accuracy.DMPrediction], acc: dm_accuracy.DMAccuracy, path: Path, weights: str) -> None:
   """driverStateV2 (solid) against the cabin's truth (dashed): face pitch/yaw, faceProb against a face being there, blinks."""
   import matplotlib
   matplotlib.use("Agg")
@@ -285,16 +288,19 @@ def plot_dm(preds: list[dm_accuracy.DMPrediction], acc: dm_accuracy.DMAccuracy, 
     ax[1].plot(t, [p.face_prob for p in preds], label="faceProb")
     ax[1].plot(t, [float(x.face) for x in tr], "--", label="a face is there")
     ax[2].plot(t, [p.blink_prob for p in preds], label="blink prob (mean of both eyes)")
-    ax[2].plot(t, [float(x.eyes_closed) for x in tr], "--", label="eyes closed")
+    ax[2].plot(t, [float(x.eyes_closed) if x.face else np.nan for x in tr], "--", label="eyes closed")
   ax[0].set_ylabel("degrees")
-  ax[0].set_title(f"face orientation vs truth (dashed): error p50 {_fmt(acc.face_orientation_err_deg_p50, '.1f')} deg", fontsize=9)
-  ax[1].set_title(f"faceProb: AUC {_fmt(acc.face_prob_auc, '.3f')}", fontsize=9)
-  ax[2].set_title(f"blinks: accuracy {_fmt(acc.blink_accuracy, '.3f')}", fontsize=9)
+  ax[0].set_title(f"face orientation vs truth (dashed): error p50 {_fmt(acc.face_orientation_err_deg_p50, '.1f')} deg "
+                  f"(bar {dm_accuracy.FACE_ORIENTATION_LIMIT_DEG:g})", fontsize=9)
+  ax[1].set_title(f"faceProb: AUC {_fmt(acc.face_prob_auc, '.3f')} (bar {dm_accuracy.FACE_PROB_AUC_LIMIT:g})", fontsize=9)
+  ax[2].set_title(f"blinks: accuracy {_fmt(acc.blink_accuracy, '.3f')} (bar {dm_accuracy.BLINK_ACCURACY_LIMIT:g}), "
+                  f"closed eyes caught {_fmt(acc.blink_recall, '.3f')}", fontsize=9)
   ax[2].set_xlabel("scene time (s)")
   for a in ax:
     a.legend(loc="upper right", fontsize=8)
-  fig.suptitle(f"modeld-msm demo: dmonitoringmodeld on the rendered cabin, {acc.frames} driverStateV2\n(random-weight tiny model: "
-               "no DM stand-in is trained yet, so the numbers are the pipeline's, not a model's)", fontsize=9)
+  note = ("the trained tiny stand-in (modeld-msm train-dm)" if weights == "stand-in" else
+          "random-weight tiny model: the numbers are the pipeline's, not a model's")
+  fig.suptitle(f"modeld-msm demo: dmonitoringmodeld on the rendered cabin, {acc.frames} driverStateV2 ({note})", fontsize=9)
   fig.tight_layout()
   with replacing(path, ".png") as tmp:
     fig.savefig(tmp, dpi=80)
@@ -405,7 +411,8 @@ def print_summary(s: dict) -> None:
            f"{_fmt(s['curvature_corr'], '.3f')} / {_fmt(s['curvature_mae'], '.2e')}")]
   if "dm_frames" in s:
     rows += [("driverStateV2 received", s["published"]["driverStateV2"]),
-             ("face orientation error deg p50 / faceProb AUC / blink accuracy",
+             (f"face orientation error deg p50 / faceProb AUC / blink accuracy (bars {dm_accuracy.FACE_ORIENTATION_LIMIT_DEG:g} / "
+              f"{dm_accuracy.FACE_PROB_AUC_LIMIT:g} / {dm_accuracy.BLINK_ACCURACY_LIMIT:g})",
               f"{_fmt(s['face_orientation_err_deg_p50'], '.1f')} / {_fmt(s['face_prob_auc'], '.3f')} / {_fmt(s['blink_accuracy'], '.3f')}"
               f"  ({s['dm_weights']} weights)")]
   w = max(len(k) for k, _ in rows)

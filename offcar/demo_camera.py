@@ -35,7 +35,7 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_
   w, h = parse_camera(camera)
   info = nv12_info(w, h)
   scene = RoadScene(seed, camera)
-  cabin = CabinScene(seed, camera) if driver else None
+  cabin = CabinScene(seed, camera, scene.calib_rpy) if driver else None
   vipc = VisionIpcServer(server)
   for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD) + ((VisionStreamType.DRIVER,) if driver else ()):
     vipc.create_buffers_with_sizes(st, N_BUFFERS, w, h, info.size, info.stride, info.uv_offset)

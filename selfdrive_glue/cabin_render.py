@@ -10,11 +10,16 @@ Angles follow the DM model's outputs: pitch (positive: looking down), yaw (posit
 which the camera sees as a turn to the image's right), roll (positive: the head tilted clockwise in the image); the
 renderer draws them as the facial features shifting across the head and the feature layout rotating, a frontal
 projection that is monotonic in each angle over the range it uses (|angle| < 0.5 rad).
+
+The truth's angles are the car's frame (where the driver looks relative to the road). The camera is mounted turned by the
+device's calibration (`calib_rpy`, liveCalibration's rpyCalib: roll, pitch, yaw), so the picture shows the head at
+pitch + calib pitch and yaw + calib yaw: the inverse of dmonitoringd's correction (pitch -= rpyCalib[1], yaw -=
+rpyCalib[2], none for roll). A model that outputs the truth must therefore read `calib`, as openpilot's model is fed it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,8 +43,9 @@ class CabinTruth:
 
 
 class CabinScene:
-  def __init__(self, seed: int = 0, camera: str = "1928x1208"):
+  def __init__(self, seed: int = 0, camera: str = "1928x1208", calib_rpy: tuple[float, float, float] = (0.0, 0.0, 0.0)):
     self.seed, self.camera = seed, camera
+    self.calib_rpy = tuple(float(x) for x in calib_rpy)
     w, h = map(int, camera.split("x"))
     self.info: NV12Info = nv12_info(w, h)
     rng = np.random.default_rng([seed, 7])
@@ -49,8 +55,8 @@ class CabinScene:
     self._pos = [(rng.uniform(0.02, 0.05), rng.uniform(2 * math.pi / 17, 2 * math.pi / 9), rng.uniform(0, 2 * math.pi)) for _ in range(2)]
     self._blink_period = rng.uniform(2.5, 4.0)
     self._blink_phase = rng.uniform(0, self._blink_period)
-    self._no_face = (rng.uniform(10, 20), 4.0)       # (start within each SEGMENT, length) s
-    self._glasses = (rng.uniform(30, 40), 8.0)
+    self.no_face = (rng.uniform(10, 20), 4.0)        # (start within each SEGMENT, length) s
+    self.glasses = (rng.uniform(30, 40), 8.0)
     self.head_h = 0.42 * h                          # the head's height in pixels
     self.scale = w / 1928                           # the 1344x760 fisheye sees the same cabin smaller
 
@@ -58,11 +64,15 @@ class CabinScene:
   def _in(t: float, stretch: tuple[float, float]) -> bool:
     return stretch[0] <= t % SEGMENT < stretch[0] + stretch[1]
 
+  def blink_start(self, k: int) -> float:
+    """The scene time the k-th eye closure starts (k may be negative: the closures before t=0)."""
+    return (k + 1) * self._blink_period - self._blink_phase
+
   def truth(self, t: float) -> CabinTruth:
     pitch, yaw, roll = (float(np.sum(a * np.sin(k * t + p))) for a, k, p in self._angles)
     x, y = (-0.08 + a * math.sin(k * t + p) if i == 0 else 0.02 + a * math.sin(k * t + p) for i, (a, k, p) in enumerate(self._pos))
     eyes_closed = (t + self._blink_phase) % self._blink_period < BLINK_S
-    return CabinTruth(t, not self._in(t, self._no_face), pitch, yaw, roll, x, y, eyes_closed, self._in(t, self._glasses))
+    return CabinTruth(t, not self._in(t, self.no_face), pitch, yaw, roll, x, y, eyes_closed, self._in(t, self.glasses))
 
   def render(self, t: float) -> np.ndarray:
     buf = np.zeros(self.info.size, np.uint8)
@@ -81,7 +91,8 @@ class CabinScene:
     rest = (slice(int(cy - 0.5 * self.head_h), int(cy + 0.6 * self.head_h)), slice(int(cx - 0.42 * self.head_h), int(cx + 0.42 * self.head_h)))
     y_plane[:h, :w][rest] = 44
     if tr.face:
-      self._face(y_plane[:h, :w], cx, cy, tr)
+      seen = replace(tr, pitch=tr.pitch + self.calib_rpy[1], yaw=tr.yaw + self.calib_rpy[2])   # the camera's view
+      self._face(y_plane[:h, :w], cx, cy, seen)
     uv = buf[info.uv_offset:info.uv_offset + info.stride * info.uv_height]
     uv[:] = 128
 

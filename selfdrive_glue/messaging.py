@@ -32,6 +32,11 @@ NO_TRAVERSAL_LIMIT = 2**64 - 1
 # our schema (0.11's names) calls that member driverMonitoringStateV2, and openpilot's newer schema calls the old @71
 # driverMonitoringStateDEPRECATED. Either carries isRHD, the one field modeld reads, so both count as the service.
 SERVICE_OF_MEMBER = {"driverMonitoringStateV2": "driverMonitoringState", "driverMonitoringStateDEPRECATED": "driverMonitoringState"}
+# services whose Events carry a member of another name. The newest master renames liveCalibration to extrinsicsCalibration
+# (service and member); cereal renames a union member in place, keeping its ordinal and type, so such an Event reads as
+# liveCalibration in our schema. (The reference schemas here predate the rename; an Event of a new ordinal would be refused
+# as not the one expected, counted, and dropped.)
+MEMBER_OF_SERVICE = {"extrinsicsCalibration": "liveCalibration"}
 
 
 def service_of(evt) -> str:
@@ -84,7 +89,7 @@ def checked_event(dat: bytes, service: str | None = None) -> capnp.lib.capnp._Dy
     member_of(msg)   # the member pointer may be of the wrong kind (a list where the struct should be)
   except (capnp.KjException, ValueError) as e:
     raise BadMessage(f"corrupt Event ({len(dat)} bytes): {str(e).splitlines()[0][:160]}") from e
-  if service is not None and which != service:
+  if service is not None and which != MEMBER_OF_SERVICE.get(service, service):
     raise BadMessage(f"expected a '{service}' Event, got '{which}'")
   return msg
 

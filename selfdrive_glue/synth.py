@@ -318,7 +318,7 @@ def synth_segment(out: str | os.PathLike, seconds: float, seed: int, camera: str
     if wide:
       writers.append(VideoWriter(tmp / WIDE_CAMERA, scene.width, scene.height))
     qw = VideoWriter(tmp / QCAMERA, *QCAMERA_SIZE) if qcamera else None
-    cabin = CabinScene(seed, camera) if driver else None
+    cabin = CabinScene(seed, camera, scene.calib_rpy) if driver else None
     dw = VideoWriter(tmp / DRIVER_CAMERA, scene.width, scene.height) if driver else None
     buf = np.zeros(scene.info.size, dtype=np.uint8)
     road_pos, wide_pos = (set(p) for p in encoded_positions(n_frames, index, encode_index))

@@ -53,3 +53,21 @@ def test_the_features_move_with_the_truths_yaw_and_pitch():
     yaw.append(tr.yaw)
     pitch.append(tr.pitch)
   assert np.corrcoef(du, yaw)[0, 1] > 0.9 and np.corrcoef(dv, pitch)[0, 1] > 0.9
+
+
+def _eyes_offset(img: np.ndarray) -> np.ndarray:
+  head, eyes = np.argwhere(img > 60), np.argwhere(img == 25)
+  return eyes.mean(0) - head.mean(0)
+
+
+def test_the_camera_sees_the_head_turned_by_the_calibration():
+  """The truth is the car's frame; a camera mounted with calib pitch/yaw sees the head at truth + calib, exactly as a
+  zero-calibration camera sees a head turned that much more (the inverse of dmonitoringd's correction)."""
+  calib = (0.0, 0.08, -0.06)
+  s, mounted = CabinScene(3), CabinScene(3, calib_rpy=calib)
+  t = _find(s, lambda tr: tr.face and not tr.eyes_closed and not tr.sunglasses)
+  assert mounted.truth(t) == s.truth(t)
+  shift = _eyes_offset(_y(mounted, t)) - _eyes_offset(_y(s, t))
+  assert shift[0] > 5 and shift[1] < -5   # more pitch (looking down): features lower; less yaw: features to the image's left
+  none = _find(s, lambda tr: not tr.face)
+  assert np.array_equal(mounted.render(none), s.render(none))   # an empty seat looks the same from any mount

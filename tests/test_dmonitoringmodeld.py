@@ -24,7 +24,7 @@ class DMHarness:
     self.messaging, self.size, self.info = messaging, size, nv12_info(*size)
     self.frame = np.random.default_rng(0).integers(0, 256, self.info.size, dtype=np.uint8)
     self.srv = self.camera_server()
-    self.pm = messaging.PubMaster(["liveCalibration"])
+    self.pm = messaging.PubMaster(["liveCalibration", "extrinsicsCalibration"])
     self.sm = messaging.SubMaster(["driverStateV2"])
     self.proc = subprocess.Popen([sys.executable, "-m", "modeld_msm.dmonitoringmodeld", "--artifact", str(artifact), "--no-realtime", *args],
                                  cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -88,14 +88,20 @@ def test_dmonitoringmodeld_serves_every_driver_frame(dm_cpu_artifact, prefix):
     time.sleep(0.2)
     after = h.step(10)
     assert after is not None and after.frameId == 10 and list(after.leftDriverData.faceOrientation) != before
+    # the newest master publishes the same calibration as extrinsicsCalibration (a rename: the Event's member is unchanged)
+    ec = h.messaging.new_message("liveCalibration", valid=True)
+    ec.liveCalibration.rpyCalib = [0.0, 0.0, 0.0]
+    h.pm.send("extrinsicsCalibration", ec)
+    time.sleep(0.2)
+    assert list(h.step(11).leftDriverData.faceOrientation) == pytest.approx(before, abs=1e-6)   # back to the zero calib
     # camerad restarts: the process reconnects and goes on
     h.srv.close()
     time.sleep(0.5)
     h.srv = h.camera_server()
-    for n in range(11, 400):
+    for n in range(12, 400):
       if (d := h.step(n, 0.25)) is not None:
         break
-    assert d is not None and d.frameId >= 11, stop_process(h.proc)
+    assert d is not None and d.frameId >= 12, stop_process(h.proc)
     # openpilot's manager stops it with SIGINT: a clean exit that says what it did
     h.proc.send_signal(signal.SIGINT)
     assert h.proc.wait(30) == 0

@@ -194,3 +194,14 @@ def test_params_default_dir_honours_prefix(monkeypatch, tmp_path):
   monkeypatch.setenv("OPENPILOT_PREFIX", "abc")
   if default_params_dir() != __import__("pathlib").Path("/data/params/d"):
     assert default_params_dir() == tmp_path / ".commaabc" / "params" / "d"
+
+
+def test_the_newest_masters_extrinsics_calibration_reads_as_the_calibration_it_renames():
+  # a capnp rename keeps the member's ordinal, so master's extrinsicsCalibration Event is our liveCalibration member
+  assert messaging.SERVICES["extrinsicsCalibration"] == messaging.SERVICES["liveCalibration"]
+  lc = messaging.new_message("liveCalibration", valid=True)
+  lc.liveCalibration.rpyCalib = [0.0, 0.02, -0.01]
+  evt = messaging.checked_event(lc.to_bytes(), "extrinsicsCalibration")
+  assert list(messaging.member_of(evt).rpyCalib) == pytest.approx([0.0, 0.02, -0.01])
+  with pytest.raises(messaging.BadMessage, match="expected a 'extrinsicsCalibration' Event, got 'carState'"):
+    messaging.checked_event(_car_state(1.0), "extrinsicsCalibration")

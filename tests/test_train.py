@@ -84,3 +84,38 @@ def test_training_reduces_the_loss_and_writes_a_loadable_pair(tmp_path):
     first, last = (float(v) for v in line.split("loss ")[1].split(" over")[0].split(" -> "))
     assert last < first, line
   assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))
+
+
+def test_dm_targets_follow_the_cabin_truth():
+  from compile.dm_refmodel import DM_SLICES
+  from offcar.train.dm_data import render_cabins
+  from offcar.train.dm_targets import dm_targets
+  c = render_cabins([20_000_001, 20_000_002], 8, 0.1, progress=False)
+  t = dm_targets(c)
+  face = np.array([tr.face for tr in c.truths])
+  assert 0 < face.sum() < len(face) and any(tr.eyes_closed for tr in c.truths)   # training oversamples both rare classes
+  d = DM_SLICES["face_descs_lhd"].start
+  np.testing.assert_allclose(t.y[:, d + 1], [tr.yaw for tr in c.truths], rtol=1e-6)
+  assert np.all(t.w[~face, d:d + 6] == 0)                                       # no pose loss without a face
+  blink = DM_SLICES["left_blink_prob_lhd"].start
+  assert np.all(t.w[[tr.sunglasses for tr in c.truths], blink] == 0)            # eyes behind sunglasses are not judged
+  assert np.all(t.y[:, DM_SLICES["face_prob_rhd"].start] == 0) and np.all(t.w[:, DM_SLICES["features"]] == 0)
+  assert set(c.camera) == {"1928x1208", "1344x760"} and np.all(np.abs(c.position) < 0.5)
+
+
+@pytest.mark.slow
+def test_dm_training_reduces_the_loss_and_writes_a_loadable_model(tmp_path, cli):
+  import onnx
+
+  from compile.onnx_model import load_model_info
+  r = cli("train-dm", "-o", str(tmp_path), "--seed", "2", "--scenes", "2", "--frames", "6", "--steps", "12", "--batch", "4",
+          "--eval-scenes", "1", "--eval-frames", "6", timeout=600)
+  assert r.returncode == 0, r.stderr
+  assert "held-out face orientation error p50" in r.stdout
+  m = onnx.load(str(tmp_path / "dmonitoring_model.onnx"))
+  assert {p.key: p.value for p in m.metadata_props}["model_checkpoint"] == "modeld-msm-dm-stand-in-tiny-seed2"
+  load_model_info(tmp_path / "dmonitoring_model.onnx", "dmonitoring")
+  saved = json.loads((tmp_path / "dm_recipe.json").read_text())
+  first, last = saved["loss_first_last"]
+  assert saved["recipe"]["seed"] == 2 and saved["metrics"]["dm_frames"] == 6 and last < first
+  assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))

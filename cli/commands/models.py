@@ -17,17 +17,21 @@ def add_arguments(parser) -> None:
   parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: openpilot 0.11.1's budget")
   parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the .onnx file(s) into (created if missing)")
   parser.add_argument("--seed", type=integer(0), default=0, help="weight seed; the same seed writes identical bytes (default 0)")
+  parser.add_argument("--stand-in", action="store_true", help="the trained tiny stand-in's weights (those the demo runs) instead of random ones")
 
 
 def run(args) -> int:
   if args.seed < 0:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
+  if args.stand_in and args.size != "tiny":
+    raise UserError("--stand-in is the trained tiny model; it has no full size (drop --stand-in or use --size tiny)")
   if args.contract == "dmonitoring":
-    written = {"dmonitoring": write_dm_model(args.output, args.size, args.seed)}
+    written = {"dmonitoring": write_dm_model(args.output, args.size, args.seed, stand_in=args.stand_in)}
   elif args.contract == "supercombo":
-    written = {"supercombo": write_supercombo_model(args.output, args.size, args.seed)}
+    written = {"supercombo": write_supercombo_model(args.output, args.size, args.seed, stand_in=args.stand_in)}
   else:
-    written = write_models(args.output, args.size, args.seed)
+    written = write_models(args.output, args.size, args.seed, stand_in=args.stand_in)
+  weights = "stand-in" if args.stand_in else f"seed={args.seed}"
   for kind, w in written.items():
-    print(f"{w.path}  {kind} {args.size} seed={args.seed}  {w.bytes / 1e6:.2f} MB  {w.macs / 1e6:.1f} M MACs  {w.params / 1e6:.2f} M params")
+    print(f"{w.path}  {kind} {args.size} {weights}  {w.bytes / 1e6:.2f} MB  {w.macs / 1e6:.1f} M MACs  {w.params / 1e6:.2f} M params")
   return 0

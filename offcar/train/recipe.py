@@ -67,7 +67,7 @@ def _prefetch(it, depth: int = 4):
     yield x
 
 
-def _fit(graph: TrainableGraph, feeds_of, targets: Targets, n: int, steps: int, batch: int, lr: float, rng, label: str, log) -> list[float]:
+def fit(graph: TrainableGraph, feeds_of, targets: Targets, n: int, steps: int, batch: int, lr: float, rng, label: str, log) -> list[float]:
   from tinygrad import Tensor, TinyJit
   from tinygrad.helpers import Context
   from tinygrad.nn.optim import Adam
@@ -145,7 +145,7 @@ def train(recipe: Recipe, out_dir: Path, log=print, vision_onnx: Any = None) -> 
       return {"img": img, "big_img": big}
 
     vt = vision_targets([drives.truths[i] for i in pairs])
-    _fit(vision, vision_feeds, vt, len(pairs), recipe.vision_steps, recipe.batch, recipe.lr,
+    fit(vision, vision_feeds, vt, len(pairs), recipe.vision_steps, recipe.batch, recipe.lr,
          np.random.default_rng([recipe.seed, 1]), "vision", log)
     vision_onnx = _named(vision.export(), recipe)
     write_atomic(out_dir / "driving_vision.onnx", vision_onnx.SerializeToString())   # a later failure keeps stage 1
@@ -162,7 +162,7 @@ def train(recipe: Recipe, out_dir: Path, log=print, vision_onnx: Any = None) -> 
             "traffic_convention": tc[idx, 0]}
 
   pt = policy_targets(drives.truths)
-  _fit(policy, policy_feeds, pt, len(drives), recipe.policy_steps, recipe.batch, recipe.lr, rng, "policy", log)
+  fit(policy, policy_feeds, pt, len(drives), recipe.policy_steps, recipe.batch, recipe.lr, rng, "policy", log)
   policy_onnx = _named(policy.export(), recipe)
 
   log(f"[train] evaluating on {recipe.eval_drives} held-out drives")

@@ -50,7 +50,7 @@ class Targets:
     return scale, offset
 
 
-def _mdn(t: Targets, sl: slice, values: np.ndarray, weights: np.ndarray, floor: np.ndarray | float) -> None:
+def mdn(t: Targets, sl: slice, values: np.ndarray, weights: np.ndarray, floor: np.ndarray | float) -> None:
   n = (sl.stop - sl.start) // 2
   t.y[:, sl.start:sl.start + n] = values.reshape(len(values), n)
   t.w[:, sl.start:sl.start + n] = weights.reshape(len(values), n)
@@ -63,13 +63,13 @@ def vision_targets(truths: list[Truth]) -> Targets:
   t = Targets(np.zeros((n, VISION_WIDTH), np.float32), np.zeros((n, VISION_WIDTH), np.float32))
   ones = np.ones((n, 4, 33, 2))
   lanes = np.stack([np.stack([tr.lane_lines_y, np.full_like(tr.lane_lines_y, CAM_HEIGHT)], axis=-1) for tr in truths])
-  _mdn(t, VISION_SLICES["lane_lines"], lanes, ones * [1.0, 0.1], np.tile([.05, .05], 4 * 33))
+  mdn(t, VISION_SLICES["lane_lines"], lanes, ones * [1.0, 0.1], np.tile([.05, .05], 4 * 33))
   edges = np.stack([np.stack([tr.road_edges_y, np.full_like(tr.road_edges_y, CAM_HEIGHT)], axis=-1) for tr in truths])
-  _mdn(t, VISION_SLICES["road_edges"], edges, np.ones((n, 2, 33, 2)) * [1.0, 0.1], np.tile([.05, .05], 2 * 33))
+  mdn(t, VISION_SLICES["road_edges"], edges, np.ones((n, 2, 33, 2)) * [1.0, 0.1], np.tile([.05, .05], 2 * 33))
   has_lead = np.array([tr.lead_prob[0] for tr in truths])
-  _mdn(t, VISION_SLICES["lead"], np.stack([tr.lead for tr in truths]), np.ones((n, 3, 6, 4)) * has_lead[:, None, None, None] * 0.3, .1)
+  mdn(t, VISION_SLICES["lead"], np.stack([tr.lead for tr in truths]), np.ones((n, 3, 6, 4)) * has_lead[:, None, None, None] * 0.3, .1)
   pose = np.stack([[tr.v_ego, 0, 0, 0, 0, tr.yaw_rate] for tr in truths])
-  _mdn(t, VISION_SLICES["pose"], pose, np.ones((n, 6)) * [1, .1, .1, .1, .1, 1], np.array([.05, .05, .05, 1e-3, 1e-3, 1e-3]))
+  mdn(t, VISION_SLICES["pose"], pose, np.ones((n, 6)) * [1, .1, .1, .1, .1, 1], np.array([.05, .05, .05, 1e-3, 1e-3, 1e-3]))
   # lane_lines_prob: [not visible, visible] logit pairs per line; every rendered line is visible
   sl = VISION_SLICES["lane_lines_prob"]
   t.y[:, sl] = np.tile([0.0, 1.0], 4)
@@ -86,7 +86,7 @@ def policy_targets(truths: list[Truth]) -> Targets:
   n = len(truths)
   t = Targets(np.zeros((n, POLICY_WIDTH), np.float32), np.zeros((n, POLICY_WIDTH), np.float32))
   plan = np.stack([tr.plan for tr in truths])
-  _mdn(t, POLICY_SLICES["plan"], plan, np.broadcast_to(_PLAN_WEIGHT, plan.shape).copy(), np.tile(_PLAN_FLOOR, 33))
+  mdn(t, POLICY_SLICES["plan"], plan, np.broadcast_to(_PLAN_WEIGHT, plan.shape).copy(), np.tile(_PLAN_FLOOR, 33))
   return t
 
 
