@@ -143,6 +143,8 @@ def fill_model_msg(modelv2_builder, drivingdata_builder, net_output_data: dict[s
     _fill_xyzt(m.roadEdges[i], LINE_T_IDXS, X_IDXS, road_edges[i, :, 0], road_edges[i, :, 1])
   m.roadEdgeStds = out["road_edges_stds"][0, :, 0, 0].tolist()
 
+  # both contracts fill leads as 0.11 does (every std, probTime). Master's fill_model_msg dropped aStd and probTime for a
+  # while (@93159c4f, still on liveCalibration) and fills both again at its newest (@0b6bf541, on extrinsicsCalibration)
   lead, lead_stds, lead_prob = out["lead"][0], out["lead_stds"][0], out["lead_prob"][0]
   m.init("leadsV3", C.LEAD_MHP_SELECTION)
   for i in range(C.LEAD_MHP_SELECTION):

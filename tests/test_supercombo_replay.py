@@ -3,6 +3,8 @@
 the plan, as for 0.11, and every published field is the split pipeline's; with one, only the action fields differ."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from compile.supercombo_refmodel import write_supercombo_model
@@ -35,14 +37,20 @@ def test_combined_replay_publishes_what_the_split_pair_does(drive, cpu_artifact_
   assert r.returncode == 0, r.stderr[-3000:]
   split = _replay(drive, cpu_artifact_1928, "rep_split") if not (drive / "rep_split").exists() else drive / "rep_split"
   combined = _replay(drive, art, f"rep_{tag}")
-  g = run_cli("regress", combined, split, timeout=300)
+  g = run_cli("regress", combined, split, "--report", drive / f"report_{tag}", "--segment", drive / "seg", timeout=300)
+  page = (drive / f"report_{tag}" / "report.html").read_text()
   if not action_head:
+    assert '<h1 class="PASS">' in page and "modelV2.leadsV3[0].aStd" in page   # the HTML report reads a combined replay too
     assert g.returncode == 0, g.stdout[-3000:] + g.stderr[-2000:]
     return
   assert g.returncode != 0, g.stdout
   differing = {line.split()[0] for line in g.stdout.splitlines() if line.startswith("  ") and "/" in line.split()[1]}
   assert differing and all(".action." in f for f in differing), g.stdout
   assert {"modelV2.action.desiredAcceleration", "modelV2.action.desiredCurvature"} <= differing, g.stdout
+  # the report marks the action fields and draws their worst frames
+  assert '<h1 class="REGRESSION">' in page and re.search(r'<img src="frame_\d+\.png"', page) and "road camera: video frame " in page
+  fails = set(re.findall(r'<tr class="fail"><td>FAIL</td><td>([^<]+)</td>', page))
+  assert fails and all(".action." in f for f in fails), fails
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +60,17 @@ def combined_artifact(tmp_path_factory):
   r = run_cli("compile", "--model", model, "--device", "CPU", "-o", d / "art", timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   return d / "art"
+
+
+def test_ray_replay_of_the_combined_artifact_is_the_local_one(drive, combined_artifact):
+  """`replay --engine ray` (a local cluster of its own) writes the very bytes the local engine writes."""
+  pytest.importorskip("ray")
+  local = _replay(drive, combined_artifact, "rep_local_sc")
+  out = drive / "rep_ray_sc"
+  r = run_cli("replay", drive / "seg", "--artifact", combined_artifact, "-o", out, "--engine", "ray", "--quiet", timeout=600,
+              env={"RAY_USAGE_STATS_ENABLED": "0"})
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert (out / "seg.zst").read_bytes() == (local / "seg.zst").read_bytes()
 
 
 def test_core_feeds_action_t_from_the_delays_and_takes_the_action_head(combined_artifact):
