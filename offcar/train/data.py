@@ -64,34 +64,40 @@ def _render_drive(job: tuple[int, str, int, float]) -> list[tuple[np.ndarray, np
   return out
 
 
+def rendered(render, jobs: list, workers: int, total: int, desc: str, progress: bool):
+  """Yield render(job) for every job, in order: in `workers` forked processes when > 1, here otherwise; a progress bar
+  over the `total` frames the results hold. The pool is ended however the caller stops."""
+  import multiprocessing as mp
+
+  from tqdm import tqdm
+  pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
+  bar = tqdm(total=total, desc=desc, unit="frame", disable=not progress, mininterval=2)
+  try:
+    for out in (pool.imap(render, jobs) if pool is not None else map(render, jobs)):
+      bar.update(len(out))
+      yield out
+  finally:
+    if pool is not None:
+      pool.terminate()
+    bar.close()
+
+
 def render_drives(seeds: list[int], frames_per_drive: int, camera: str = "1928x1208", start_s: float = 0.0,
                   workers: int = 0, progress: bool = True) -> Drives:
   """Render `frames_per_drive` frames 0.2 s apart for every seed. A drive starts at a seed-chosen time in
   [start_s, start_s + 300) so drives differ in blinkers, curvature phase and lead gap, not only in scene.
   `workers` > 1 renders drives in that many processes."""
-  import multiprocessing as mp
-
-  from tqdm import tqdm
   jobs = [(seed, camera, frames_per_drive, start_s + float(np.random.default_rng([seed, 7]).uniform(0, 300))) for seed in seeds]
-  pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
-  results = pool.imap(_render_drive, jobs) if pool is not None else map(_render_drive, jobs)
   n = len(seeds) * frames_per_drive
   frames = np.zeros((n, 2, 6, 128, 256), np.uint8)
   drive, k, truths = np.zeros(n, np.int32), np.zeros(n, np.int32), []
-  bar = tqdm(total=n, desc="render+warp", unit="frame", disable=not progress, mininterval=2)
   i = 0
-  try:
-    for d, drive_frames in enumerate(results):
-      for j, (road, wide, tr) in enumerate(drive_frames):
-        frames[i, 0], frames[i, 1] = road, wide
-        drive[i], k[i] = d, j
-        truths.append(tr)
-        i += 1
-      bar.update(len(drive_frames))
-  finally:
-    if pool is not None:
-      pool.terminate()
-    bar.close()
+  for d, drive_frames in enumerate(rendered(_render_drive, jobs, workers, n, "render+warp", progress)):
+    for j, (road, wide, tr) in enumerate(drive_frames):
+      frames[i, 0], frames[i, 1] = road, wide
+      drive[i], k[i] = d, j
+      truths.append(tr)
+      i += 1
   return Drives(frames, drive, k, truths, list(seeds), camera)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compile.dm_warp import warp_y_numpy
+from offcar.train.data import rendered
 from selfdrive_glue.cabin_render import BLINK_S, SEGMENT, CabinScene, CabinTruth
 from selfdrive_glue.camera import DM_INPUT_SIZE, dm_warp_matrix
 
@@ -81,29 +82,18 @@ def render_cabins(seeds: list[int], frames: int, calib_max: float, oversample: b
                   progress: bool = True) -> Cabins:
   """`frames` warped frames of each seed's cabin (times by sample_times); seed i is seen by CAMERAS[i % 2]. `workers` > 1
   renders in that many processes."""
-  import multiprocessing as mp
-
-  from tqdm import tqdm
   jobs = [(seed, CAMERAS[i % 2], frames, calib_max, oversample) for i, seed in enumerate(seeds)]
-  pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
-  results = pool.imap(_render_scene, jobs) if pool is not None else map(_render_scene, jobs)
   n = len(seeds) * frames
   images = np.zeros((n, DM_INPUT_SIZE[0] * DM_INPUT_SIZE[1]), np.uint8)
   calib, position = np.zeros((n, 3), np.float32), np.zeros((n, 2), np.float32)
   truths: list[CabinTruth] = []
   cameras: list[str] = []
-  bar = tqdm(total=n, desc="render+warp cabins", unit="frame", disable=not progress, mininterval=2)
   i = 0
-  try:
-    for (_, camera, *_), scene_frames in zip(jobs, results):
-      for img, c, tr, pos in scene_frames:
-        images[i], calib[i], position[i] = img, c, pos
-        truths.append(tr)
-        cameras.append(camera)
-        i += 1
-      bar.update(len(scene_frames))
-  finally:
-    if pool is not None:
-      pool.terminate()
-    bar.close()
+  for scene, scene_frames in enumerate(rendered(_render_scene, jobs, workers, n, "render+warp cabins", progress)):
+    camera = jobs[scene][1]
+    for img, c, tr, pos in scene_frames:
+      images[i], calib[i], position[i] = img, c, pos
+      truths.append(tr)
+      cameras.append(camera)
+      i += 1
   return Cabins(images, calib, truths, position, cameras)
