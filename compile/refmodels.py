@@ -230,8 +230,9 @@ def encode_output_slices(slices: dict[str, slice]) -> str:
   return base64.b64encode(pickle.dumps(slices, protocol=4)).decode()
 
 
-def build_model(kind: str, size: str = "tiny", seed: int = 0):
-  """Build `vision` or `policy` of `size` ('tiny'|'full') as an onnx.ModelProto; the same (kind, size, seed) gives identical bytes."""
+def build_model(kind: str, size: str = "tiny", seed: int = 0, policy_spec: PolicySpec | None = None):
+  """Build `vision` or `policy` of `size` ('tiny'|'full') as an onnx.ModelProto; the same (kind, size, seed) gives identical bytes.
+  policy_spec replaces the size's policy architecture (master's combined model has a bigger budget than 0.11.1's pair)."""
   import onnx
   from onnx import TensorProto, helper
 
@@ -240,6 +241,7 @@ def build_model(kind: str, size: str = "tiny", seed: int = 0):
   if kind not in ("vision", "policy"):
     raise UserError(f"unknown model kind '{kind}'; use vision or policy")
   vspec, pspec = SIZES[size]
+  pspec = policy_spec or pspec
   # separate streams per model so changing one architecture does not reshuffle the other's weights
   g = _Graph(np.random.default_rng([seed, 0 if kind == "vision" else 1]))
   f16 = TensorProto.FLOAT16

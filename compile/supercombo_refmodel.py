@@ -11,9 +11,15 @@ master's layout. So the reference pair, and the trained stand-in pair, have a co
 inputs are the split pipeline's: the equivalence check issue 27 asks for has something to compare against. The action
 head is ours (master's weights are not public): computed from the plan's first point and action_t, lateral acceleration
 = v0 * yaw_rate0 + 0.05 * lat_action_t and acceleration = a0 - 0.1 * long_action_t, so a swapped action_t shows.
+
+Size `full` is master's budget, not 0.11.1's: the shipped file is 96,639,461 B (docs §A.1), the 0.11.1-sized pair fused is
+60.7 MB. Where master spent the extra ~18 M fp16 weights is not public; ours go into the policy's summary layer (wider
+`fc`), so the vision, which holds nearly all of the a630 time, stays at 0.11.1's 0.81 G MACs while the file, the weights
+in GPU memory and the load time are master's. The fused graph is still the split pair's (that pair's policy is the wide one).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +28,7 @@ from compile.refmodels import (
   FEATURE_LEN,
   IMG_SHAPE,
   POLICY_SLICES,
+  SIZES,
   VISION_SLICES,
   WrittenModel,
   build_model,
@@ -43,6 +50,9 @@ ACTION_WIDTH = 4                # 2 means + 2 log-stds; modeld reads [0,0] and [
 # the action head's dependence on action_t (see the module docstring); its log-stds are constant
 LAT_T_GAIN, LONG_T_GAIN, ACTION_LOG_STD = 0.05, -0.1, -2.0
 PLAN_V0, PLAN_A0, PLAN_YAW_RATE0 = 3, 6, 14   # columns of the plan's first (t=0) row of means: vel x, acc x, yaw rate
+MASTER_FILE_BYTES = 96_639_461  # openpilot master's driving_supercombo.onnx (LFS pointer @0302526b)
+# full: 0.11.1's policy with a summary layer wide enough that the fused file is master's size (see the module docstring)
+POLICY_SPECS = {"full": replace(SIZES["full"][1], fc=4224)}
 
 
 def slices(action_head: bool = True) -> dict[str, slice]:
@@ -144,7 +154,7 @@ def write_supercombo_model(out_dir: str | Path, size: str = "tiny", seed: int = 
   """driving_supercombo.onnx into out_dir (atomically): the reference pair of (size, seed), or the trained stand-in, fused."""
   if stand_in and size != "tiny":
     raise UserError(f"the trained stand-in exists for size 'tiny' only, not '{size}'")
-  vision, policy = (stand_in_model(k) if stand_in else build_model(k, size, seed) for k in ("vision", "policy"))
+  vision, policy = (stand_in_model(k) if stand_in else build_model(k, size, seed, POLICY_SPECS.get(size)) for k in ("vision", "policy"))
   what = "stand-in" if stand_in else f"ref-{size}-seed{seed}"
   model = fuse(vision, policy, action_head=action_head, checkpoint=f"modeld-msm-supercombo-{what}")
   out_dir = Path(out_dir)

@@ -11,8 +11,18 @@ import pytest
 from onnx import TensorProto, helper
 
 from compile.onnx_model import encode_output_slices, load_model_info
-from compile.refmodels import POLICY_SLICES, VISION_SLICES, build_model, stand_in_model
-from compile.supercombo_refmodel import LAT_T_GAIN, LONG_T_GAIN, PLAN_A0, PLAN_V0, PLAN_YAW_RATE0, fuse, slices, write_supercombo_model
+from compile.refmodels import POLICY_SLICES, TARGET_VISION_MACS, VISION_SLICES, build_model, count_macs, count_params, stand_in_model
+from compile.supercombo_refmodel import (
+  LAT_T_GAIN,
+  LONG_T_GAIN,
+  MASTER_FILE_BYTES,
+  PLAN_A0,
+  PLAN_V0,
+  PLAN_YAW_RATE0,
+  fuse,
+  slices,
+  write_supercombo_model,
+)
 from selfdrive_glue.errors import UserError
 from tests.conftest import run_cli
 
@@ -83,6 +93,21 @@ def test_contract_check_reads_it_and_the_cli_writes_it_reproducibly(tmp_path):
   no_action = tmp_path / "no_action"
   write_supercombo_model(no_action, "tiny", 0, action_head=False)
   assert "action" not in load_model_info(no_action / "driving_supercombo.onnx", "supercombo").output_slices
+
+
+def test_full_is_masters_file_size_with_011s_vision_and_runs_sane(tmp_path):
+  """--size full: master's 96.6 MB file (the weights modeld uploads and keeps), the vision still 0.11.1's compute."""
+  r = run_cli("models", "--contract", "supercombo", "--size", "full", "-o", tmp_path, timeout=300)
+  assert r.returncode == 0, r.stderr
+  path = tmp_path / "driving_supercombo.onnx"
+  assert path.stat().st_size == pytest.approx(MASTER_FILE_BYTES, rel=0.02)
+  model = onnx.load(str(path))
+  assert count_macs(build_model("vision", "full", 0)) == pytest.approx(TARGET_VISION_MACS, rel=0.10)
+  assert count_params(model) * 2 == pytest.approx(MASTER_FILE_BYTES, rel=0.02)   # fp16: the file is its weights
+  assert load_model_info(path, "supercombo").output_slices == slices()
+  out = _session(model).run(None, _inputs(np.random.default_rng(5)))[0].astype(np.float32)
+  # random weights scaled to keep activations O(1): a wider layer must not saturate or blow up the heads
+  assert np.isfinite(out).all() and 0.1 < float(np.abs(out).mean()) < 10, float(np.abs(out).mean())
 
 
 def _edited(tmp_path, *, features_rows: int = 24, out_slices: dict | None = None):

@@ -14,7 +14,8 @@ def add_arguments(parser) -> None:
   parser.add_argument("--contract", choices=("driving", "supercombo", "dmonitoring"), default="driving",
                       help="driving: 0.11's vision + policy pair (default); supercombo: master's combined driving model (the pair of "
                            "this seed fused into one graph, with an action head); dmonitoring: the driver-monitoring model")
-  parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: openpilot 0.11.1's budget")
+  parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: the shipped size class "
+                      "(0.11.1's pair, master's 96.6 MB combined file, the DM's ~7.5 MB)")
   parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the .onnx file(s) into (created if missing)")
   parser.add_argument("--seed", type=integer(0), default=0, help="weight seed; the same seed writes identical bytes (default 0)")
   parser.add_argument("--stand-in", action="store_true", help="the trained tiny stand-in's weights (those the demo runs) instead of random ones")
