@@ -22,11 +22,9 @@ keeps its Python pool.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import subprocess
-import tempfile
 from pathlib import Path
+
+from backend import native_lib
 
 MAX_ARGS = 32   # arguments a kernel may take through this pool (pointers and ints); more go through the Python pool
 MAX_PARTS = 8   # parts one lane runs per kernel
@@ -157,24 +155,10 @@ def source() -> str:
   return _SOURCE % {"max_args": MAX_ARGS, "max_parts": MAX_PARTS}
 
 
-def _cache_dir() -> Path:
-  return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "modeld-msm"
-
-
 def build(cache: Path | None = None) -> ctypes.CDLL:
   """The pool library, built with clang on first use (keyed by the source's sha256) and loaded. Raises OSError or
   subprocess.CalledProcessError when it cannot be built or loaded here."""
-  src = source()
-  cache = cache or _cache_dir()
-  lib = cache / f"cpu_pool_{hashlib.sha256(src.encode()).hexdigest()[:16]}.so"
-  if not lib.is_file():
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as td:
-      tmp = Path(td) / "pool.so"
-      subprocess.run([os.environ.get("CC", "clang"), "-x", "c", "-O2", "-fPIC", "-shared", "-o", str(tmp), "-"], input=src.encode(),
-                     check=True, capture_output=True)
-      os.replace(tmp, lib)   # atomic: a concurrent build writes the same bytes
-  dll = ctypes.CDLL(str(lib))
+  dll = native_lib.build("cpu_pool", source(), cache=cache)
   dll.modeld_pool_worker.argtypes = [ctypes.c_void_p]
   dll.modeld_pool_run.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint32]
   dll.modeld_pool_stop.argtypes = [ctypes.c_void_p]

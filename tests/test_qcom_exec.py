@@ -92,6 +92,27 @@ def test_tiny_models_on_the_emulated_a630_match_the_cpu(qcom_artifact, cpu_refer
   assert not np.allclose(got[0][1], got[1][1])
 
 
+def test_native_runs_give_the_closures_bits_on_the_cars_program(qcom_artifact, monkeypatch):
+  """The program with its isam fetches (IMAGE=2 weights), conv loops and predicated tails: EMU_NATIVE=1 and =0 give the
+  same bits and the same executed work, and the native side did run texel fetches."""
+  from test_ir3_compiled import native_calls
+  runs = {}
+  with executing() as node:
+    for flag in ("0", "1"):
+      monkeypatch.setenv("EMU_NATIVE", flag)
+      before = dataclasses.replace(node.exec_total)
+      with native_calls() as calls:
+        runs[flag] = (_steps(qcom_artifact, monkeypatch, "EMU+QCOM:IR3", _frames(3)), dict(calls))
+      after = node.exec_total
+      runs[flag] += ((after.instrs - before.instrs, after.tex - before.tex, after.mem_load - before.mem_load),)
+  (closures, c_calls, c_work), (nat, n_calls, n_work) = runs["0"], runs["1"]
+  assert c_calls == {} and n_calls["isam"] > 0, (c_calls, n_calls)
+  assert c_work == n_work and c_work[1] > 0
+  for (p_c, r_c), (p_n, r_n) in zip(closures, nat):
+    assert r_c.tobytes() == r_n.tobytes()
+    assert all(np.asarray(p_c[k]).tobytes() == np.asarray(p_n[k]).tobytes() for k in p_c)
+
+
 def _flip_first_mad_source(kernel_has: str = "mad.f32"):
   """A tamper hook: in the first kernel that has a `mad.f32` with a register source, that source reads the next component."""
   from backend.emu.ir3.decode import decode

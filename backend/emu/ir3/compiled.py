@@ -89,7 +89,7 @@ def _src_reader(o: Operand, step: int, half: bool, kind: str) -> Callable[[Any],
       bits: Any = np.uint16(o.index & 0xffff) if (half or o.half) else np.uint32(o.index & 0xffffffff)
     else:
       bits = np.float16(o.fval).view(np.uint16) if (half or o.half) else np.float32(o.fval).view(np.uint32)
-    value = _mods(o, alu.bits_as(bits, half, kind))   # lane-independent: computed once
+    value = apply_mods(o, alu.bits_as(bits, half, kind))   # lane-independent: computed once
 
     def const(L, _v=value):
       return _v
@@ -105,11 +105,12 @@ def _src_reader(o: Operand, step: int, half: bool, kind: str) -> Callable[[Any],
     return base
 
   def modified(L, _b=base, _o=o):
-    return _mods(_o, _b(L))
+    return apply_mods(_o, _b(L))
   return modified
 
 
-def _mods(o: Operand, v):
+def apply_mods(o: Operand, v):
+  """(abs) then (neg) of a typed source, as the generic handlers apply them."""
   if o.abs:
     v = np.abs(v)
   if o.neg:
@@ -227,12 +228,7 @@ def _mov(ins: Instr) -> Handler | None:
     return None
   dhalf = dst.half
   if src.kind != "r":   # the same value every repetition
-    if src.kind == "fimm":
-      fv = np.float32(src.fval) if st == "f32" else np.float16(src.fval)
-      res: Any = fv.astype(alu.NP_TYPES[dt]) if dt != st else fv
-    else:
-      res = alu.convert(np.uint32(src.index & 0xffffffff), st, dt, False)
-    bits = alu.to_bits(res, dhalf)
+    bits = mov_const_bits(ins, dhalf)
     ds = [dst.index + s for s in range(last + 1)]
 
     def run_const(b, mask):
@@ -254,6 +250,18 @@ def _mov(ins: Instr) -> Handler | None:
       else:
         _store_res(L, d, dhalf, alu.convert(row, st, dt, shalf), mask)
   return run
+
+
+def mov_const_bits(ins: Instr, dhalf: bool) -> Any:
+  """The destination bits a mov/cov of an immediate writes (the same every repetition), as _cat1 computes them."""
+  st, dt = ins.types
+  src = ins.srcs[0]
+  if src.kind == "fimm":
+    fv = np.float32(src.fval) if st == "f32" else np.float16(src.fval)
+    res: Any = fv.astype(alu.NP_TYPES[dt]) if dt != st else fv
+  else:
+    res = alu.convert(np.uint32(src.index & 0xffffffff), st, dt, False)
+  return alu.to_bits(res, dhalf)
 
 
 def _isam(ins: Instr) -> Handler | None:

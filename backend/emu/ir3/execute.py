@@ -22,7 +22,7 @@ import numpy as np
 from tinygrad.runtime.autogen import mesa
 
 from backend.emu.executor import Dispatch, GpuFault
-from backend.emu.ir3 import alu
+from backend.emu.ir3 import alu, native
 from backend.emu.ir3.compiled import compile_instr
 from backend.emu.ir3.decode import REG_A0, DecodeError, Instr, Operand, Program, decode
 from backend.emu.ir3.memory import MEM_BYTES, GlobalMemory, Images, from_bytes, load_bytes, store_bytes, to_bytes
@@ -200,9 +200,16 @@ class Batch:
         for c, w in cat_work:
           by_category[c] = by_category.get(c, 0) + active * w
         try:
-          for h in hs:
-            h(self, mask)
-            pc += 1
+          for h, closures in hs:
+            if not closures:
+              h(self, mask)
+              pc += 1
+            elif h(self, mask):   # a native run of len(closures) instructions
+              pc += len(closures)
+            else:                 # it could not run here: its instructions one by one, so a fault names the right one
+              for c in closures:
+                c(self, mask)
+                pc += 1
         except ShaderFault:
           raise
         except (alu.Unimplemented, GpuFault) as e:
@@ -451,15 +458,16 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
 
 
 _CAT_HANDLERS: dict[int, Callable] = {1: _cat1, 2: _cat2, 3: _cat3, 4: _cat4, 5: _cat5, 6: _cat6}
-Block = tuple[tuple[Callable, ...], int, tuple[tuple[int, int], ...], int]
-_HANDLER_CACHE: dict[str, tuple[list[Callable | None], dict[int, Block]]] = {}
+Block = tuple[tuple[tuple[Callable, tuple], ...], int, tuple[tuple[int, int], ...], int]
+_HANDLER_CACHE: dict[tuple[str, bool], tuple[list[Callable | None], dict[int, Block]]] = {}
 
 
 def _handlers(prog: Program) -> tuple[list[Callable | None], dict[int, Block]]:
   """One closure (batch, mask) per instruction, built on the program's first dispatch (flow instructions get None), and
-  the straight-line blocks found so far, by entry PC."""
-  if (h := _HANDLER_CACHE.get(prog.digest)) is None:
-    h = _HANDLER_CACHE[prog.digest] = ([
+  the straight-line blocks found so far, by entry PC; kept apart for runs with and without the native path."""
+  key = (prog.digest, native.enabled())
+  if (h := _HANDLER_CACHE.get(key)) is None:
+    h = _HANDLER_CACHE[key] = ([
       None if i.cat in (0, 7) else compile_instr(i, _CAT_HANDLERS.get(i.cat, _unknown), _op_half(i) if i.cat in (2, 3) else False)
       for i in prog.instrs], {})
   return h
@@ -483,15 +491,18 @@ def _rows_used(prog: Program) -> int:
 
 
 def _block(prog: Program, handlers: list[Callable | None], pc: int) -> Block:
-  """The instructions from pc up to the next flow instruction (or the end): their closures, fiber-instructions per lane
-  in all and per category (in order of first appearance, as the per-instruction count would insert them), the next PC."""
+  """The instructions from pc up to the next flow instruction (or the end): their steps (a closure, or a native run with
+  the closures of its instructions: native.plan), fiber-instructions per lane in all and per category (in order of first
+  appearance, as the per-instruction count would insert them), the next PC."""
   end = pc
   while end < len(handlers) and handlers[end] is not None:
     end += 1
   per_cat: dict[int, int] = {}
   for i in prog.instrs[pc:end]:
     per_cat[i.cat] = per_cat.get(i.cat, 0) + i.repeat + 1
-  return tuple(h for h in handlers[pc:end] if h is not None), sum(per_cat.values()), tuple(per_cat.items()), end
+  hs: list[Callable] = [h for h in handlers[pc:end] if h is not None]   # none is: the block stops at the first flow instruction
+  steps: list[tuple[Callable, tuple]] = native.plan(prog.instrs[pc:end], hs, _op_half) if native.enabled() else [(h, ()) for h in hs]
+  return tuple(steps), sum(per_cat.values()), tuple(per_cat.items()), end
 
 
 def _unknown(b: Batch, ins: Instr, mask) -> None:

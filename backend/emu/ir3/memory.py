@@ -153,6 +153,7 @@ class Images:
     self._tex: dict[int, Image] = {}
     self._uav: dict[int, Image] = {}
     self._rows: dict[int, tuple[np.ndarray, int]] = {}   # texture slot -> its texels as rows, texels per image row
+    self._native: dict[tuple[int, ...], np.ndarray] = {}
 
   def _get(self, cache: dict[int, Image], descs: bytes, slot: int, kind: str) -> Image:
     if (img := cache.get(slot)) is None:
@@ -179,6 +180,14 @@ class Images:
     yo, xo = y[ok], x[ok]
     out[ok] = grid.take(yo.astype(np.int64) * stride + xo, axis=0) if stride else grid[yo, xo]
     return out
+
+  def native_table(self, slots: tuple[int, ...]) -> int:
+    """The textures of `slots` as the C image table native.Run reads (data pointer, pitch, width, height, texel bytes
+    per row, in the order given), made once per dispatch; its address. Raises GpuFault as `gather` would."""
+    if (t := self._native.get(slots)) is None:
+      t = self._native[slots] = np.array([[img.data.ctypes.data, img.pitch, img.width, img.height, img.texel]
+                                          for img in (self._get(self._tex, self.d.textures, s, "texture") for s in slots)], np.int64)
+    return t.ctypes.data
 
   def _offsets(self, img: Image, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.broadcast_to(x, sel.shape if sel is not None else x.shape), np.broadcast_to(y, sel.shape if sel is not None else y.shape)
