@@ -60,6 +60,7 @@ class Dispatch:
   samplers: bytes
   regs: dict[int, int]
   pvt_mem_iova: int
+  ubos: bytes = b""      # UBO descriptors (ldc): tinygrad's runtime loads none, its arguments are pushed as consts
 
 
 @dataclass
@@ -206,7 +207,7 @@ class Executor:
     for kind, descs in (("texture", textures), ("UAV", uavs)):
       for i in range(0, len(descs), 64):
         lo, hi = struct.unpack_from("<II", descs, i + 16)
-        mem.check(lo | (hi << 32), 4, f"{kind} descriptor {i // 64} base")
+        mem.check(lo | (pm4.field(hi, "A6XX_TEX_CONST_5_BASE_HI") << 32), 4, f"{kind} descriptor {i // 64} base")   # DEPTH shares the word
     consts = st.loads.get((mesa.SB6_CS_SHADER, mesa.ST6_CONSTANTS), (0, b""))[1]
     if self.pointer_check is not None:
       self.pointer_check(consts[:CONST_WRITTEN_BYTES], "kernel constants")
@@ -216,7 +217,7 @@ class Executor:
     regs = {r: v for r, v in self.regs.items() if 0xa9b0 <= r <= 0xa9ff or 0xb980 <= r <= 0xb9ff or r == mesa.REG_A6XX_TPL1_CS_BORDER_COLOR_BASE}
     d = Dispatch(pm4.exec_cs_groups(p), local, shader_iova, shader, consts, textures, uavs,
                  st.loads.get((mesa.SB6_CS_TEX, mesa.ST6_SHADER), (0, b""))[1] if nsamp else b"", regs,
-                 self._reg64(mesa.REG_A6XX_SP_CS_PVT_MEM_BASE))
+                 self._reg64(mesa.REG_A6XX_SP_CS_PVT_MEM_BASE), st.loads.get((mesa.SB6_CS_SHADER, mesa.ST6_UBO), (0, b""))[1])
     self.on_dispatch(d)
     if self.shader_exec is not None:
       self.shader_exec(d, mem)

@@ -81,11 +81,14 @@ class LoadState:
 
   @property
   def unit_bytes(self) -> int:
-    """Bytes per unit: 16 B constants, 128 B shader groups, 64 B texture/UAV descriptors, 16 B samplers."""
+    """Bytes per unit: 16 B constants, 128 B shader groups, 64 B texture/UAV descriptors, 16 B samplers, 8 B UBO
+    descriptors (A6XX_UBO: base low, base high | size in vec4 << 17)."""
     if self.state_block == mesa.SB6_CS_TEX:
       return 16 if self.state_type == mesa.ST6_SHADER else 64
     if self.state_type == mesa.ST6_UAV:
       return 64
+    if self.state_type == mesa.ST6_UBO:
+      return 8
     return 128 if self.state_type == mesa.ST6_SHADER else 16
 
 

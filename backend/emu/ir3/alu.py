@@ -156,3 +156,25 @@ CAT4: dict[str, Callable] = {
   "log2": np.log2, "exp2": np.exp2, "sin": np.sin, "cos": np.cos,
 }
 CAT4.update({"h" + k: v for k, v in list(CAT4.items())})
+
+
+def _as_signed(x) -> int:
+  return int(np.uint32(x).view(np.int32))
+
+
+# cat6 atomics: (old, value, second value of the pair (cmpxchg only), signed) -> the value written; the destination
+# gets `old` (ir3_a6xx.c: "write the new value to memory, and return the original value read"). Wrapping 32-bit
+# arithmetic; min/max compare as the instruction's type (Mesa types imin/imax .s32, the rest .u32). sub/inc/dec are
+# left out: NIR has no atomic op Mesa lowers to them, and no source states whether inc/dec wrap against a bound.
+ATOMICS: dict[str, Callable] = {
+  "add": lambda o, v, w, s: np.uint32((int(o) + int(v)) & 0xffffffff),
+  "xchg": lambda o, v, w, s: np.uint32(v),
+  "min": lambda o, v, w, s: np.uint32(min(o, v, key=_as_signed if s else int)),
+  "max": lambda o, v, w, s: np.uint32(max(o, v, key=_as_signed if s else int)),
+  "and": lambda o, v, w, s: np.uint32(o & v),
+  "or": lambda o, v, w, s: np.uint32(o | v),
+  "xor": lambda o, v, w, s: np.uint32(o ^ v),
+  # the pair is (new value, comparator): ir3_a6xx.c collects (NIR src[2], src[1]) and spirv_to_nir puts SPIR-V's
+  # Comparator in src[1] and its Value in src[2]
+  "cmpxchg": lambda o, v, w, s: np.uint32(v if o == w else o),
+}

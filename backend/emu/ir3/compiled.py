@@ -265,7 +265,7 @@ def mov_const_bits(ins: Instr, dhalf: bool) -> Any:
 
 
 def _isam(ins: Instr) -> Handler | None:
-  if ins.op != "isam" or any(m in ins.extra["mods"] for m in ("3d", "a", "o", "p", "s2en")):
+  if ins.op != "isam" or any(m in ("3d", "a", "o", "p", "s2en") or m.startswith("base") for m in ins.extra["mods"]):
     return None
   dst, coord = ins.dst[0], ins.srcs[0]
   if not _reg_ok(coord, 1) or coord.half or dst.kind != "r":
@@ -293,7 +293,8 @@ def _isam(ins: Instr) -> Handler | None:
 
 def _stib(ins: Instr, generic: Callable) -> Handler | None:
   """Typed 2D image store over every lane, all inside the image; otherwise (and for any fault) the generic path."""
-  if not ins.extra.get("typed") or ins.extra.get("dim") != "2d" or ins.extra.get("slot_mode") != "imm" or len(ins.srcs) != 3:
+  x = ins.extra
+  if "bindless" in x or not x.get("typed") or x.get("dim") != "2d" or x.get("slot_mode") != "imm" or len(ins.srcs) != 3:
     return None
   vo, co, so = ins.srcs
   if not (_reg_ok(co, 1) and not co.half and _reg_ok(vo, ins.count - 1)):

@@ -22,6 +22,7 @@ REG_A0 = 61 * 4
 _TYPES = {"f32", "f16", "u32", "u16", "s32", "s16", "u8", "s8", "b32", "b16"}
 _FLAG = re.compile(r"\((sy|ss|jp|sat|ul|ei|rpt\d|nop\d)\)\s*")
 _REG = re.compile(r"^(h?)([rcpa])(\d+)\.([xyzw])$")
+_REL = re.compile(r"^(h?)([rc])<a0\.x\s*([+-])\s*(\d+)>$")   # a0-relative: r<a0.x + 5>, c<a0.x + 2>
 _MODS = ("(absneg)", "(neg)", "(abs)", "(r)")   # (absneg) is -|x|
 # a6xx float immediates of cat2/cat3 are an index into a fixed table (FLUT); Mesa prints the value's name
 FLUT = {"0.0": (0, 0.0), "0.5": (1, 0.5), "1.0": (2, 1.0), "2.0": (3, 2.0), "e": (4, math.e), "pi": (5, math.pi), "1/pi": (6, 1 / math.pi),
@@ -35,7 +36,8 @@ class DecodeError(ValueError):
 
 @dataclass(frozen=True)
 class Operand:
-  kind: str                  # 'r' register, 'c' const, 'p' predicate, 'a' address reg, 'imm', 'fimm' (float table), 'mem', 'tex', 'samp'
+  kind: str                  # 'r' register, 'c' const, 'p' predicate, 'a' address reg, 'imm', 'fimm' (float table), 'mem', 'tex', 'samp',
+                             # 'rel': a0-relative register or const (space 'r'/'c', scalar index a0.x + offset)
   index: int = 0             # scalar register index (n*4 + comp) / immediate bits / tex-samp slot
   half: bool = False
   mods: tuple[str, ...] = ()   # '(neg)', '(abs)', '(r)' in printed order
@@ -61,6 +63,9 @@ class Operand:
   def render(self) -> str:
     if self.kind in ("r", "c", "p", "a"):
       return "".join(self.mods) + ("!" if self.invert else "") + ("h" if self.half else "") + f"{self.kind}{self.index // 4}.{COMPS[self.index % 4]}"
+    if self.kind == "rel":
+      sign = "-" if self.offset < 0 else "+"
+      return "".join(self.mods) + ("h" if self.half else "") + f"{self.space}<a0.x {sign} {abs(self.offset)}>"
     if self.kind == "mem":
       assert self.base is not None
       off = f"+{self.offset}" if self.offset > 0 else (str(self.offset) if self.offset < 0 else "")
@@ -137,6 +142,8 @@ def parse_operand(tok: str) -> Operand:
       break
   invert = rest.startswith("!")
   rest = rest.removeprefix("!")
+  if (am := _REL.match(rest)):
+    return Operand("rel", half=bool(am[1]), mods=tuple(mods), space=am[2], offset=int(am[4]) * (-1 if am[3] == "-" else 1))
   if (rm := _REG.match(rest)):
     return Operand(rm[2], int(rm[3]) * 4 + COMPS.index(rm[4]), bool(rm[1]), tuple(mods), invert)
   if (mm := re.match(r"^([glp])\[(.+?)([+-]\d+)?\]$", rest)):
@@ -186,6 +193,9 @@ def decode_instr(m: MesaInstr) -> Instr:
       if not (cm := _CAT1.match(name)) and not name.startswith("swz.") and not name.startswith("mova"):
         raise DecodeError(f"cat1 '{name}'")
       ops = [parse_operand(t) for t in toks]
+      if name == "mova":
+        # 'mova a0.x, hr0.y': the address register takes the (16-bit) source; relative operands index by it
+        return Instr(op="mova", dst=(ops[0],), srcs=tuple(ops[1:]), types=("s16", "s16"), extra=extra, **base)
       if name.startswith("swz."):
         _, st, dt = _CAT1.match("mov." + name[4:]).groups()  # type: ignore[union-attr]
         return Instr(op="swz", dst=tuple(ops[:2]), srcs=tuple(ops[2:]), types=(st, dt), extra=extra, **base)
@@ -222,6 +232,10 @@ def _decode_cat5(base: dict, name: str, rest: str, extra: dict) -> Instr:
 
 def _decode_cat6(base: dict, name: str, toks: list[str], extra: dict) -> Instr:
   parts = name.split(".")
+  if parts[-1].startswith("base") and parts[-1][4:].isdigit():
+    # bindless: '...imm.base1' names descriptor set 1 (SP_CS_BINDLESS_BASE(1)); the slot indexes into it
+    extra["bindless"] = int(parts[-1][4:])
+    parts = parts[:-1]
   if parts[0] in ("ldg", "ldl", "ldp", "stg", "stl", "stp"):
     ops = [parse_operand(t) for t in toks[:-1]]
     count = int(toks[-1])
@@ -239,6 +253,25 @@ def _decode_cat6(base: dict, name: str, toks: list[str], extra: dict) -> Instr:
     if parts[0] == "ldib":
       return Instr(op=op, dst=(ops[0],), srcs=tuple(ops[1:]), types=(tp,), count=count, extra=extra, **base)
     return Instr(op=op, dst=(), srcs=tuple(ops), types=(tp,), count=count, extra=extra, **base)
+  if parts[0] == "ldc":
+    # 'ldc.offset0.4.imm r2.x, r1.z, 0': `count` dwords from component `offset` of vec4 number r1.z of UBO 0
+    extra.update(component=int(parts[1].removeprefix("offset")), slot_mode=parts[3])
+    ops = [parse_operand(t) for t in toks]
+    return Instr(op="ldc", dst=(ops[0],), srcs=tuple(ops[1:]), types=("u32",), count=int(parts[2]), extra=extra, **base)
+  if parts[0] == "resinfo":
+    # 'resinfo.b.untyped.3d.u32.1.imm r1.z, 0': the UAV's size; the dimension is the components asked for
+    extra.update(dim=parts[3], slot_mode=parts[-1])
+    ops = [parse_operand(t) for t in toks]
+    return Instr(op="resinfo.b", dst=(ops[0],), srcs=tuple(ops[1:]), types=(parts[4],), extra=extra, **base)
+  if parts[0] == "atomic":
+    # global 'atomic.g.add.untyped.1d.u32.1.g r1.w, r1.y, r0.y' (dst, 64-bit address pair, value),
+    # shared 'atomic.max.untyped.1d.u32.1.l r1.y, l[r1.x], r0.x', SSBO/image 'atomic.b.add.typed.2d.u32.1.imm ...'
+    space = parts[1] if parts[1] in ("g", "b") else parts[-1]
+    fn = parts[2] if parts[1] in ("g", "b") else parts[1]
+    tp = next(p for p in parts[2:] if p in _TYPES)
+    extra.update(atomic=fn, typed="typed" in parts, dim=next((p for p in parts if p.endswith("d") and p[0].isdigit()), "1d"))
+    ops = [parse_operand(t) for t in toks]
+    return Instr(op=f"atomic.{space}", dst=(ops[0],), srcs=tuple(ops[1:]), types=(tp,), extra=extra, **base)
   raise DecodeError(f"cat6 '{name}' is not decoded")
 
 

@@ -13,6 +13,7 @@ which faults on unmapped or, in strict mode, unlisted BOs), shared per workgroup
 from __future__ import annotations
 
 import dataclasses
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,7 +69,9 @@ class Lanes:
     self.memo: dict[int, Any] = {}   # compiled const operands, typed once per batch
     self.merged = merged
     self.pred = np.zeros((4, n), np.bool_)
+    self.a0 = np.zeros(n, np.int64)   # a0.x per lane (mova): the scalar index relative operands add to their offset
     self.consts = consts
+    self.lanes = np.arange(n)
 
   def hrow(self, h: int) -> np.ndarray:
     return self.half[h >> 1, :, h & 1] if self.merged else self.half[h]
@@ -94,10 +97,44 @@ class Lanes:
       return (np.float16(o.fval).view(np.uint16) if (half_ctx or o.half) else np.float32(o.fval).view(np.uint32))
     if k == "p":
       return self.pred[o.index].astype(np.uint32)
+    if k == "rel":
+      return self._relative(o, step if (o.rpt or consecutive) else 0)
     raise alu.Unimplemented(f"operand {o.render()}")
+
+  def _rel_index(self, o: Operand, step: int) -> np.ndarray:
+    """Per-lane scalar index of an a0-relative operand; outside its file (the general registers below a0 = r61.x, or the
+    1024 consts) is a fault: the hardware would reach some other state there, which no program of ours intends."""
+    idx = self.a0 + (o.offset + step)
+    if o.half and o.space != "r":
+      raise alu.Unimplemented(f"half relative const {o.render()}")
+    rows = self.full.shape[0] * (2 if o.half and self.merged else 1)   # a merged half file is the full file's halves
+    top = min(REG_A0, rows) if o.space == "r" else len(self.consts)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= top):
+      bad = int(idx.max()) if int(idx.max()) >= 0 else int(idx.min())
+      raise GpuFault(f"relative operand {o.render()} reaches scalar {bad}, outside the {'register' if o.space == 'r' else 'const'} file")
+    return idx
+
+  def _relative(self, o: Operand, step: int) -> np.ndarray:
+    idx = self._rel_index(o, step)
+    if o.space == "c":
+      return self.consts[idx]
+    if not o.half:
+      return self.full[idx, self.lanes]
+    return self.half[idx >> 1, self.lanes, idx & 1] if self.merged else self.half[idx, self.lanes]
 
   def write(self, o: Operand, step: int, bits, mask: np.ndarray | None) -> None:
     idx = o.index + step
+    if o.kind == "rel" and o.space == "r":
+      sel = self.lanes if mask is None else np.flatnonzero(mask)
+      ridx = self._rel_index(o, step)[sel]
+      v = np.broadcast_to(np.asarray(bits).astype(np.uint16 if o.half else np.uint32, casting="unsafe"), (self.n,))[sel]
+      if not o.half:
+        self.full[ridx, sel] = v
+      elif self.merged:
+        self.half[ridx >> 1, sel, ridx & 1] = v
+      else:
+        self.half[ridx, sel] = v
+      return
     if o.kind == "p":
       row = self.pred[idx]
       bits = np.asarray(bits) != 0
@@ -122,6 +159,7 @@ class Batch:
     nwg = len(wg_ids)
     self.n = n = nwg * wsize
     self.prog, self.gmem, self.images, self.counts, self.kernel = prog, gmem, images, counts, kernel
+    self.ubos = d.ubos
     self.active = n   # lanes the current instruction runs on
     cntl0 = d.regs.get(mesa.REG_A6XX_SP_CS_CNTL_0, 0)
     cfg = d.regs.get(mesa.REG_A6XX_SP_CS_CONST_CONFIG_0, 0xfcfcfcfc)
@@ -320,6 +358,14 @@ def _cat1(b: Batch, ins: Instr, mask) -> None:
     for dst, v in zip(ins.dst, vals):
       L.write(dst, 0, v, mask)
     return
+  if ins.op == "mova":
+    if ins.dst[0].kind != "a" or ins.dst[0].index != 0:
+      raise alu.Unimplemented(f"mova to {ins.dst[0].render()}")
+    src = ins.srcs[0]
+    bits = np.broadcast_to(L.read(src, 0, True), (b.n,))
+    v = (bits.astype(np.uint16) if np.asarray(bits).dtype != np.uint16 else bits).view(np.int16).astype(np.int64)   # 16-bit signed
+    np.copyto(L.a0, v, where=np.ones(b.n, np.bool_) if mask is None else mask)
+    return
   if ins.op not in ("mov", "cov"):
     raise alu.Unimplemented(f"cat1 '{ins.op}'")
   dst, src = ins.dst[0], ins.srcs[0]
@@ -371,15 +417,27 @@ def _cat4(b: Batch, ins: Instr, mask) -> None:
     b.counts.sfu += b.active
 
 
+def _coords(L: Lanes, coord: Operand, n: int) -> list[np.ndarray]:
+  """The integer texel coordinates of an image access: `n` consecutive full registers from `coord` (x, y, then the
+  slice of a 3D image or the layer of a 2D array)."""
+  if coord.kind != "r" or coord.half or coord.index + n > REG_A0:
+    raise alu.Unimplemented(f"image coordinates in {coord.render()}")
+  return [L.full[coord.index + k].view(np.int32) for k in range(n)]
+
+
 def _cat5(b: Batch, ins: Instr, mask) -> None:
-  if ins.op not in ("isam",) or any(m in ins.extra["mods"] for m in ("3d", "a", "o", "p", "s2en")):
+  mods = ins.extra["mods"]
+  if ins.op not in ("isam",) or any(m in mods for m in ("o", "p", "s2en")) or ("3d" in mods and "a" in mods):
+    raise alu.Unimplemented(f"texture instruction '{ins.name}'")
+  dset = next((int(m[4:]) for m in mods if m.startswith("base") and m[4:].isdigit()), None)   # bindless: 'isam.base0'
+  if any(m.startswith("base") for m in mods) and dset is None:
     raise alu.Unimplemented(f"texture instruction '{ins.name}'")
   L = b.L
   dst, coord = ins.dst[0], ins.srcs[0]
   tex = next(o.index for o in ins.srcs if o.kind == "tex")
-  x = L.read(coord, 0, False).view(np.int32)
-  y = L.read(Operand("r", coord.index + 1), 0, False).view(np.int32)
-  texels = b.images.fetch(tex, x, y, mask)              # (4, n) float32
+  layered = "3d" in mods or "a" in mods
+  x, y, *z = _coords(L, coord, 3 if layered else 2)
+  texels = b.images.fetch(tex, x, y, mask, z[0] if z else None, dset)   # (4, n) float32
   comp = 0
   for c in range(4):
     if ins.extra["wrmask"] >> c & 1:
@@ -445,16 +503,101 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
       storer(addr, data)
     return
   if op == "stib.b":
-    if not ins.extra.get("typed") or ins.extra.get("dim") != "2d" or ins.extra.get("slot_mode") != "imm":
-      raise alu.Unimplemented(f"image store '{ins.name}'")
     vo, co, so = ins.srcs
-    x = L.read(co, 0, False).view(np.int32)
-    y = L.read(Operand("r", co.index + 1), 0, False).view(np.int32)
+    x, y, *z = _coords(L, co, _image_dims(ins))
     comps = [alu.bits_as(L.read(Operand("r", vo.index + c, vo.half), 0, vo.half), vo.half, "f").astype(np.float32)
              for c in range(ins.count)]
-    b.counts.mem_store += b.images.store(so.index, x, y, comps, sel)
+    b.counts.mem_store += b.images.store(so.index, x, y, comps, sel, z[0] if z else None, ins.extra.get("bindless"))
+    return
+  if op == "ldib.b":
+    # typed image load through the UAV descriptor (what Mesa emits for an image read that may see this kernel's writes)
+    co, so = ins.srcs
+    x, y, *z = _coords(L, co, _image_dims(ins))
+    texels = b.images.load(so.index, x, y, sel, z[0] if z else None, ins.extra.get("bindless"))
+    dst = ins.dst[0]
+    for c in range(ins.count):
+      L.write(dst, c, alu.to_bits(texels[c], dst.half), mask)
+    b.counts.mem_load += b.active * ins.count * (2 if dst.half else 4)
+    return
+  if op == "resinfo.b":
+    if ins.extra.get("slot_mode") != "imm" or ins.srcs[0].kind != "imm":
+      raise alu.Unimplemented(f"image size '{ins.name}'")
+    # Mesa (ir3_a6xx.c): "resinfo has no writemask and always writes out 3 components"
+    for c, v in enumerate(b.images.size(ins.srcs[0].index, ins.extra.get("bindless"))):
+      L.write(ins.dst[0], c, np.uint32(v), mask)
+    return
+  if op in ("atomic.g", "atomic.l"):
+    _atomic(b, ins, sel, mask)
+    return
+  if op == "ldc":
+    _ldc(b, ins, sel, mask)
     return
   raise alu.Unimplemented(f"memory instruction '{ins.name}'")
+
+
+def _ldc(b: Batch, ins: Instr, sel: np.ndarray, mask) -> None:
+  """ldc: dwords of a UBO through its descriptor (loaded by CP_LOAD_STATE6 ST6_UBO); a vec4 past the descriptor's size
+  is a fault here (what the hardware returns there is not documented)."""
+  L = b.L
+  vec4, slot = ins.srcs
+  if ins.extra.get("slot_mode") != "imm" or slot.kind != "imm":
+    raise alu.Unimplemented(f"ldc '{ins.name}' (UBO index not an immediate)")
+  ubos = b.ubos
+  if (slot.index + 1) * 8 > len(ubos):
+    raise GpuFault(f"ldc reads UBO {slot.index}, but {len(ubos) // 8} UBO descriptors were loaded (tinygrad's QCOM runtime "
+                   "loads none: its kernel arguments are pushed into the const file, which a UBO load Mesa did not push cannot see)")
+  lo, hi = struct.unpack_from("<II", ubos, slot.index * 8)
+  base, size = lo | ((hi & 0x1ffff) << 32), hi >> 17   # A6XX_UBO: BASE_HI bits 0-16, SIZE (vec4) bits 17-31
+  row = np.broadcast_to(L.read(vec4, 0, False), (b.n,))[sel].astype(np.int64)
+  first = ins.extra["component"]
+  if row.size and (row.max() >= size or first + ins.count > 4 * (size - row.max())):
+    raise GpuFault(f"ldc reads vec4 {int(row.max())} (+{first + ins.count} dwords) of UBO {slot.index}, which holds {size} vec4")
+  raw = b.gmem.load((base + row * 16 + first * 4).astype(np.uint64), 4 * ins.count)
+  b.counts.mem_load += raw.size
+  for c in range(ins.count):
+    full = np.zeros(b.n, np.uint32)
+    full[sel] = raw[:, c * 4:(c + 1) * 4].copy().view(np.uint32).reshape(-1)
+    L.write(ins.dst[0], c, full, mask)
+
+
+def _image_dims(ins: Instr) -> int:
+  if not ins.extra.get("typed") or ins.extra.get("slot_mode") != "imm" or ins.extra.get("dim") not in ("2d", "3d"):
+    raise alu.Unimplemented(f"image access '{ins.name}'")
+  return 2 if ins.extra["dim"] == "2d" else 3
+
+
+def _atomic(b: Batch, ins: Instr, sel: np.ndarray, mask) -> None:
+  """atomic.g (global, 64-bit address pair) and the shared-memory form: each selected lane in turn reads the old value,
+  combines and writes; the destination gets the old value. Lanes of one instruction are applied in lane order (the
+  hardware's order among them is unspecified: only the end value of order-independent ops is fixed)."""
+  L = b.L
+  tp, fn = ins.types[0], ins.extra["atomic"]
+  if tp not in ("u32", "s32") or fn not in alu.ATOMICS:
+    raise alu.Unimplemented(f"atomic '{ins.name}'")
+  where, val = ins.srcs
+  lanes = np.flatnonzero(sel)
+  if ins.op == "atomic.g":
+    lo = L.read(where, 0, False).astype(np.uint64)
+    hi = L.read(Operand("r", where.index + 1), 0, False).astype(np.uint64)
+    addr = (lo | (hi << np.uint64(32)))[lanes]
+    words = [b.gmem.array(int(a), 4, "atomic address") for a in addr]
+  else:
+    off = (np.broadcast_to(L.read(where.base, 0, False).astype(np.int64), (b.n,)) + where.offset)[lanes]  # type: ignore[arg-type]
+    if off.size and (off.min() < 0 or off.max() + 4 > b.shared_bytes):
+      raise GpuFault(f"shared memory atomic at offset {int(off.max())} outside the {b.shared_bytes}-byte shared window")
+    base = b.lane_wg[lanes] * b.shared_bytes + off
+    words = [b.shared[int(a):int(a) + 4] for a in base]
+  v = np.broadcast_to(L.read(val, 0, False), (b.n,))
+  v2 = np.broadcast_to(L.read(Operand("r", val.index + 1), 0, False), (b.n,)) if fn == "cmpxchg" else v
+  signed = tp == "s32"
+  old = np.zeros(b.n, np.uint32)
+  for lane, word in zip(lanes, words):
+    cell = word.view(np.uint32)
+    old[lane] = cell[0]
+    cell[0] = alu.ATOMICS[fn](np.uint32(cell[0]), np.uint32(v[lane]), np.uint32(v2[lane]), signed)
+  L.write(ins.dst[0], 0, old, mask)
+  b.counts.mem_load += 4 * len(lanes)
+  b.counts.mem_store += 4 * len(lanes)
 
 
 _CAT_HANDLERS: dict[int, Callable] = {1: _cat1, 2: _cat2, 3: _cat3, 4: _cat4, 5: _cat5, 6: _cat6}
@@ -481,6 +624,8 @@ def _rows_used(prog: Program) -> int:
   the most its instruction steps past it ((rpt), consecutive components, isam's wrmask and y coordinate, an address's
   high word), with room to spare."""
   top = 0
+  if any(o.kind == "rel" and o.space == "r" for i in prog.instrs for o in (*i.dst, *i.srcs)):
+    return NREGS   # a relative operand can reach any row of the file
   for i in prog.instrs:
     span = max(i.repeat, i.count, 4) + 1
     for o in (*i.dst, *i.srcs):

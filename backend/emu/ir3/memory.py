@@ -125,7 +125,14 @@ class Image:
   fmt: int
   texel: int
   dtype: type
-  data: np.ndarray     # the image's bytes (height * pitch), a view into its BO
+  data: np.ndarray     # the image's bytes (depth slices of height * pitch), a view into its BO
+  depth: int = 0       # TEX_CONST_5.DEPTH as written: a 3D image's depth or a 2D array's layers (tinygrad's 2D images: 0)
+  layer_pitch: int = 0   # bytes from one slice/layer to the next (TEX_CONST_3.ARRAY_PITCH, in 4 KiB units there)
+  kind: int = 1        # TEX_CONST_2.TYPE: 0 1D, 1 2D, 2 cube, 3 3D, 4 buffer
+
+  @property
+  def slices(self) -> int:
+    return max(self.depth, 1)
 
 
 def parse_descriptor(desc: bytes, gmem: GlobalMemory, what: str) -> Image:
@@ -141,8 +148,15 @@ def parse_descriptor(desc: bytes, gmem: GlobalMemory, what: str) -> Image:
   texel, dt = FORMATS[fmt]
   if pitch < w * texel:
     raise GpuFault(f"{what}: pitch {pitch} is less than width {w} x {texel} bytes")
-  data = gmem.array(base, (h - 1) * pitch + w * texel, f"{what} base")
-  return Image(w, h, pitch, base, fmt, texel, dt, data)
+  kind = _f(d[2], "A6XX_TEX_CONST_2_TYPE")
+  if kind not in (mesa.A6XX_TEX_2D, mesa.A6XX_TEX_3D):
+    raise GpuFault(f"{what}: texture type {kind} is not emulated (2D {mesa.A6XX_TEX_2D}, 2D array, 3D {mesa.A6XX_TEX_3D})")
+  depth, layer_pitch = _f(d[5], "A6XX_TEX_CONST_5_DEPTH"), _f(d[3], "A6XX_TEX_CONST_3_ARRAY_PITCH") << 12
+  slices = max(depth, 1)
+  if slices > 1 and layer_pitch < h * pitch:
+    raise GpuFault(f"{what}: {slices} slices {layer_pitch} bytes apart overlap (a slice is {h} rows x {pitch} bytes)")
+  data = gmem.array(base, (slices - 1) * layer_pitch + (h - 1) * pitch + w * texel, f"{what} base")
+  return Image(w, h, pitch, base, fmt, texel, dt, data, depth, layer_pitch, kind)
 
 
 class Images:
@@ -154,6 +168,22 @@ class Images:
     self._uav: dict[int, Image] = {}
     self._rows: dict[int, tuple[np.ndarray, int]] = {}   # texture slot -> its texels as rows, texels per image row
     self._native: dict[tuple[int, ...], np.ndarray] = {}
+    self._bindless: dict[tuple[int, int], Image] = {}
+
+  def bindless(self, dset: int, slot: int) -> Image:
+    """The image of descriptor `slot` of bindless set `dset`: 64-byte descriptors from SP_CS_BINDLESS_BASE(dset)."""
+    if (img := self._bindless.get((dset, slot))) is None:
+      reg = mesa.REG_A6XX_SP_CS_BINDLESS_BASE(dset)
+      if reg not in self.d.regs:
+        raise GpuFault(f"bindless set {dset} is used but SP_CS_BINDLESS_BASE({dset}) was never written (tinygrad's QCOM runtime binds "
+                       "no bindless sets)")
+      lo, hi = self.d.regs[reg], self.d.regs.get(reg + 1, 0)
+      if (size := _f(lo, "A6XX_SP_CS_BINDLESS_BASE_DESCRIPTOR_DESC_SIZE")) != mesa.BINDLESS_DESCRIPTOR_64B:
+        raise GpuFault(f"bindless set {dset}: descriptor size {size} is not emulated (64-byte descriptors: {mesa.BINDLESS_DESCRIPTOR_64B})")
+      addr = ((lo & ~3) | (hi << 32)) + 64 * slot
+      desc = bytes(self.gmem.array(addr, 64, f"bindless set {dset} descriptor {slot}"))
+      img = self._bindless[(dset, slot)] = parse_descriptor(desc, self.gmem, f"bindless set {dset} descriptor {slot}")
+    return img
 
   def _get(self, cache: dict[int, Image], descs: bytes, slot: int, kind: str) -> Image:
     if (img := cache.get(slot)) is None:
@@ -189,21 +219,48 @@ class Images:
                                           for img in (self._get(self._tex, self.d.textures, s, "texture") for s in slots)], np.int64)
     return t.ctypes.data
 
-  def _offsets(self, img: Image, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    x, y = np.broadcast_to(x, sel.shape if sel is not None else x.shape), np.broadcast_to(y, sel.shape if sel is not None else y.shape)
+  def _offsets(self, img: Image, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None,
+               z: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    shape = sel.shape if sel is not None else x.shape
+    x, y = np.broadcast_to(x, shape), np.broadcast_to(y, shape)
     ok = (x >= 0) & (x < img.width) & (y >= 0) & (y < img.height)
+    if z is not None:
+      z = np.broadcast_to(z, shape)
+      ok &= (z >= 0) & (z < img.slices)
     if sel is not None:
       ok &= sel
-    return ok, y[ok].astype(np.int64) * img.pitch + x[ok].astype(np.int64) * img.texel
+    offs = y[ok].astype(np.int64) * img.pitch + x[ok].astype(np.int64) * img.texel
+    return ok, (offs if z is None else offs + z[ok].astype(np.int64) * img.layer_pitch)
 
-  def fetch(self, slot: int, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None) -> np.ndarray:
-    """isam: 4 components per lane as float32; a coordinate outside the image reads 0 (clamp-to-border, zero border)."""
-    img = self._get(self._tex, self.d.textures, slot, "texture")
-    ok, offs = self._offsets(img, x, y, sel)
+  def _read(self, img: Image, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None, z: np.ndarray | None) -> np.ndarray:
+    ok, offs = self._offsets(img, x, y, sel, z)
     out = np.zeros((4, len(ok)), np.float32)
     raw = load_bytes(img.data, offs, img.texel)
     out[:, ok] = raw.view(img.dtype).reshape(-1, 4).T.astype(np.float32)
     return out
+
+  def texture(self, slot: int, dset: int | None = None) -> Image:
+    return self._get(self._tex, self.d.textures, slot, "texture") if dset is None else self.bindless(dset, slot)
+
+  def uav(self, slot: int, dset: int | None = None) -> Image:
+    return self._get(self._uav, self.d.uavs, slot, "UAV") if dset is None else self.bindless(dset, slot)
+
+  def fetch(self, slot: int, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None, z: np.ndarray | None = None,
+            dset: int | None = None) -> np.ndarray:
+    """isam: 4 components per lane as float32; a coordinate outside the image reads 0 (clamp-to-border, zero border).
+    `z` is the slice of a 3D image or the layer of a 2D array; `dset` a bindless descriptor set."""
+    return self._read(self.texture(slot, dset), x, y, sel, z)
+
+  def load(self, slot: int, x: np.ndarray, y: np.ndarray, sel: np.ndarray | None, z: np.ndarray | None = None,
+           dset: int | None = None) -> np.ndarray:
+    """ldib (typed): `fetch` through the UAV descriptor. Outside the image it reads 0 as isam does: a choice, no source
+    we found states what the hardware returns there."""
+    return self._read(self.uav(slot, dset), x, y, sel, z)
+
+  def size(self, slot: int, dset: int | None = None) -> tuple[int, int, int]:
+    """resinfo: the UAV's width, height and depth/layers as its descriptor gives them."""
+    img = self.uav(slot, dset)
+    return img.width, img.height, img.depth
 
   def store_all(self, slot: int, x: np.ndarray, y: np.ndarray, comps: list[np.ndarray]) -> int | None:
     """`store` for every lane when all of them are inside the image (else None, and `store` does it): the same texel
@@ -218,10 +275,11 @@ class Images:
     store_bytes(img.data, offs, np.ascontiguousarray(vals.astype(img.dtype)).view(np.uint8).reshape(len(offs), img.texel))
     return len(offs) * img.texel
 
-  def store(self, slot: int, x: np.ndarray, y: np.ndarray, comps: list[np.ndarray], sel: np.ndarray) -> int:
+  def store(self, slot: int, x: np.ndarray, y: np.ndarray, comps: list[np.ndarray], sel: np.ndarray,
+            z: np.ndarray | None = None, dset: int | None = None) -> int:
     """stib: writes the lanes' components in the image's format; a coordinate outside the image is dropped."""
-    img = self._get(self._uav, self.d.uavs, slot, "UAV")
-    ok, offs = self._offsets(img, x, y, sel)
+    img = self.uav(slot, dset)
+    ok, offs = self._offsets(img, x, y, sel, z)
     vals = np.stack([np.broadcast_to(c, ok.shape)[ok] for c in comps] + [np.zeros(int(ok.sum()), np.float32)] * (4 - len(comps)), 1)
     store_bytes(img.data, offs, np.ascontiguousarray(vals.astype(img.dtype)).view(np.uint8).reshape(len(offs), img.texel))
     return len(offs) * img.texel

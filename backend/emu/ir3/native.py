@@ -345,7 +345,7 @@ def _move(ins: Instr) -> list[list[int]] | None:
 
 
 def _isam(ins: Instr) -> list[list[int]] | None:
-  if ins.op != "isam" or any(m in ins.extra["mods"] for m in ("3d", "a", "o", "p", "s2en")):
+  if ins.op != "isam" or any(m in ("3d", "a", "o", "p", "s2en") or m.startswith("base") for m in ins.extra["mods"]):
     return None
   dst, coord = ins.dst[0], ins.srcs[0]
   tex = next((o.index for o in ins.srcs if o.kind == "tex"), None)
