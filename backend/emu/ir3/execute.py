@@ -13,6 +13,7 @@ which faults on unmapped or, in strict mode, unlisted BOs), shared per workgroup
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 import time
 from collections.abc import Callable
@@ -69,9 +70,17 @@ class Lanes:
     self.memo: dict[int, Any] = {}   # compiled const operands, typed once per batch
     self.merged = merged
     self.pred = np.zeros((4, n), np.bool_)
-    self.a0 = np.zeros(n, np.int64)   # a0.x per lane (mova): the scalar index relative operands add to their offset
     self.consts = consts
-    self.lanes = np.arange(n)
+
+  # made on first use: only programs with a0-relative operands need them, and a Lanes is made for every batch
+  @functools.cached_property
+  def a0(self) -> np.ndarray:
+    """a0.x per lane (mova): the scalar index relative operands add to their offset."""
+    return np.zeros(self.n, np.int64)
+
+  @functools.cached_property
+  def lanes(self) -> np.ndarray:
+    return np.arange(self.n)
 
   def hrow(self, h: int) -> np.ndarray:
     return self.half[h >> 1, :, h & 1] if self.merged else self.half[h]
@@ -361,10 +370,11 @@ def _cat1(b: Batch, ins: Instr, mask) -> None:
   if ins.op == "mova":
     if ins.dst[0].kind != "a" or ins.dst[0].index != 0:
       raise alu.Unimplemented(f"mova to {ins.dst[0].render()}")
-    src = ins.srcs[0]
-    bits = np.broadcast_to(L.read(src, 0, True), (b.n,))
-    v = (bits.astype(np.uint16) if np.asarray(bits).dtype != np.uint16 else bits).view(np.int16).astype(np.int64)   # 16-bit signed
-    np.copyto(L.a0, v, where=np.ones(b.n, np.bool_) if mask is None else mask)
+    v = np.broadcast_to(L.read(ins.srcs[0], 0, True), (b.n,)).astype(np.uint16).view(np.int16)   # a0.x is 16-bit signed
+    if mask is None:
+      L.a0[:] = v
+    else:
+      np.copyto(L.a0, v, where=mask)
     return
   if ins.op not in ("mov", "cov"):
     raise alu.Unimplemented(f"cat1 '{ins.op}'")
@@ -452,6 +462,21 @@ def _address(L: Lanes, o: Operand) -> np.ndarray:
   return (lo | (hi << np.uint64(32))) + np.uint64(o.offset & 0xffffffffffffffff)
 
 
+def _local(b: Batch, shared: bool, memop: Operand, sel: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+  """(the batch's shared or private bytes, each selected lane's byte address in them) of an l[...]/p[...] operand; an
+  access of `nbytes` outside the lane's window faults."""
+  base = b.L.read(memop.base, 0, False).astype(np.int64)  # type: ignore[arg-type]
+  off = (np.broadcast_to(base, (b.n,))[sel] + memop.offset).astype(np.int64)
+  if shared:
+    buf, limit, lane_base = b.shared, b.shared_bytes, b.lane_wg[sel] * b.shared_bytes
+  else:
+    buf, limit, lane_base = b.private, b.pvt_bytes, b.lane_ids[sel] * b.pvt_bytes
+  if off.size and (off.min() < 0 or off.max() + nbytes > limit):
+    where = "shared" if shared else "private"
+    raise GpuFault(f"{where} memory access at offset {int(off.max())} + {nbytes} bytes outside the {limit}-byte {where} window")
+  return buf, lane_base + off
+
+
 def _cat6(b: Batch, ins: Instr, mask) -> None:
   L = b.L
   op = ins.op
@@ -464,16 +489,7 @@ def _cat6(b: Batch, ins: Instr, mask) -> None:
       addr = _address(L, memop)[sel]
       loader, storer = b.gmem.load, b.gmem.store
     else:
-      base = L.read(memop.base, 0, False).astype(np.int64)  # type: ignore[arg-type]
-      off = (np.broadcast_to(base, (b.n,))[sel] + memop.offset).astype(np.int64)
-      if op in ("ldl", "stl"):
-        buf, limit, lane_base = b.shared, b.shared_bytes, b.lane_wg[sel] * b.shared_bytes
-      else:
-        buf, limit, lane_base = b.private, b.pvt_bytes, b.lane_ids[sel] * b.pvt_bytes
-      if off.size and (off.min() < 0 or off.max() + size * ins.count > limit):
-        where = "shared" if op in ("ldl", "stl") else "private"
-        raise GpuFault(f"{where} memory access at offset {int(off.max())} + {size * ins.count} bytes outside the {limit}-byte {where} window")
-      addr = lane_base + off
+      buf, addr = _local(b, op in ("ldl", "stl"), memop, sel, size * ins.count)
 
       def loader(a, nbytes, _buf=buf):
         return load_bytes(_buf, a, nbytes)
@@ -547,7 +563,7 @@ def _ldc(b: Batch, ins: Instr, sel: np.ndarray, mask) -> None:
     raise GpuFault(f"ldc reads UBO {slot.index}, but {len(ubos) // 8} UBO descriptors were loaded (tinygrad's QCOM runtime "
                    "loads none: its kernel arguments are pushed into the const file, which a UBO load Mesa did not push cannot see)")
   lo, hi = struct.unpack_from("<II", ubos, slot.index * 8)
-  base, size = lo | ((hi & 0x1ffff) << 32), hi >> 17   # A6XX_UBO: BASE_HI bits 0-16, SIZE (vec4) bits 17-31
+  base, size = lo | (_field(hi, "A6XX_UBO_1_BASE_HI") << 32), _field(hi, "A6XX_UBO_1_SIZE")   # SIZE in vec4
   row = np.broadcast_to(L.read(vec4, 0, False), (b.n,))[sel].astype(np.int64)
   first = ins.extra["component"]
   if row.size and (row.max() >= size or first + ins.count > 4 * (size - row.max())):
@@ -576,17 +592,11 @@ def _atomic(b: Batch, ins: Instr, sel: np.ndarray, mask) -> None:
     raise alu.Unimplemented(f"atomic '{ins.name}'")
   where, val = ins.srcs
   lanes = np.flatnonzero(sel)
-  if ins.op == "atomic.g":
-    lo = L.read(where, 0, False).astype(np.uint64)
-    hi = L.read(Operand("r", where.index + 1), 0, False).astype(np.uint64)
-    addr = (lo | (hi << np.uint64(32)))[lanes]
-    words = [b.gmem.array(int(a), 4, "atomic address") for a in addr]
+  if ins.op == "atomic.g":   # the address is the register pair itself
+    words = [b.gmem.array(int(a), 4, "atomic address") for a in _address(L, Operand("mem", base=where))[lanes]]
   else:
-    off = (np.broadcast_to(L.read(where.base, 0, False).astype(np.int64), (b.n,)) + where.offset)[lanes]  # type: ignore[arg-type]
-    if off.size and (off.min() < 0 or off.max() + 4 > b.shared_bytes):
-      raise GpuFault(f"shared memory atomic at offset {int(off.max())} outside the {b.shared_bytes}-byte shared window")
-    base = b.lane_wg[lanes] * b.shared_bytes + off
-    words = [b.shared[int(a):int(a) + 4] for a in base]
+    buf, addr = _local(b, True, where, sel, 4)
+    words = [buf[int(a):int(a) + 4] for a in addr]
   v = np.broadcast_to(L.read(val, 0, False), (b.n,))
   v2 = np.broadcast_to(L.read(Operand("r", val.index + 1), 0, False), (b.n,)) if fn == "cmpxchg" else v
   signed = tp == "s32"
