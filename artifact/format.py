@@ -18,7 +18,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from artifact import signing
+from artifact import kinds, signing
 from artifact.cpu_info import cpu_info
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file
@@ -28,15 +28,6 @@ FORMAT = 1
 MANIFEST, METADATA = "manifest.json", "metadata.json"
 # what an artifact's metadata may name as its device (compile/build.py TARGETS, less the renderer after the colon)
 DEVICES = ("CPU", "QCOM", "CUDA", "NV", "AMD")
-POLICY_PKL, WARP_PKL = "driving_policy.pkl", "driving_warp.pkl"
-DM_PKL = "dmonitoring_model.pkl"
-# what each kind of artifact holds (metadata "kind"; artifacts written before there was more than one are driving ones)
-PROGRAMS = {"driving": (POLICY_PKL, WARP_PKL), "dmonitoring": (DM_PKL,), "supercombo": (POLICY_PKL, WARP_PKL)}
-KIND_NAMES = {"driving": "driving model (modeld)", "dmonitoring": "driver-monitoring model (dmonitoringmodeld)",
-              "supercombo": "combined driving model of openpilot master (modeld)"}
-# the artifact kinds a process of each kind runs: modeld runs the driving model of either contract (0.11's pair, master's one)
-RUNS = {"driving": ("driving", "supercombo"), "dmonitoring": ("dmonitoring",), "supercombo": ("supercombo",)}
-COMPILE_FLAGS = {"dmonitoring": "--dmonitoring", "supercombo": "--model"}   # how `compile` is asked for each kind (driving: the pair)
 REBUILD_HINT = "rebuild it with `modeld-msm compile` on this version (or `./dev demo`, which rebuilds its cache)"
 
 
@@ -156,16 +147,31 @@ class VerifiedArtifact:
 
   @property
   def kind(self) -> str:
-    return str(self.meta.get("kind", "driving"))
+    return str(self.meta.get("kind", kinds.LEGACY_KIND))
+
+  @property
+  def spec(self) -> kinds.Kind:
+    return kinds.KINDS[self.kind]
+
+  @property
+  def programs(self) -> dict[str, dict[str, Any]]:
+    """{pickle: {"role", "inputs", "outputs"}} in the order the programs' arguments take: as compiled (metadata "programs"),
+    or, for an artifact written before it recorded them, its kind's."""
+    return self.meta.get("programs") or self.spec.specs()
+
+  def program(self, role: str) -> tuple[str, dict[str, Any]]:
+    """(pickle, spec) of the program with this role ("step", "warp")."""
+    return next((f, p) for f, p in self.programs.items() if p["role"] == role)
 
   def output_slices(self, kind: str) -> dict[str, slice]:
     return {k: slice(a, b) for k, (a, b) in self.meta["models"][kind]["output_slices"].items()}
 
 
 def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[int, int] | None = None,
-                    pubkey: str | os.PathLike | None = None, kind: str | None = None) -> VerifiedArtifact:
-  """Check integrity, signature (pubkey, else $MODELD_PUBKEY, if set), versions, device, camera and kind.
-  Reads JSON and hashes only; never unpickles."""
+                    pubkey: str | os.PathLike | None = None, process: str | None = None) -> VerifiedArtifact:
+  """Check integrity, signature (pubkey, else $MODELD_PUBKEY, if set), versions, device, camera, kind (one `process`
+  serves, when given) and the programs' named inputs and outputs against the kind's. Reads JSON and hashes only; never
+  unpickles."""
   path = Path(path)
   if not path.is_dir():
     raise ArtifactError(f"artifact {path} does not exist or is not a directory; {REBUILD_HINT}")
@@ -222,12 +228,15 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
   art = VerifiedArtifact(path, meta, dict(listed), signed_by)
   if camera is not None:
     require_camera(art, camera)
-  if art.kind not in PROGRAMS:
-    raise ArtifactError(f"artifact {path} is of kind {art.kind!r}, which this modeld-msm does not know ({', '.join(PROGRAMS)}); {REBUILD_HINT}")
-  if kind is not None and art.kind not in RUNS.get(kind, (kind,)):
-    raise ArtifactError(f"artifact {path} holds the {KIND_NAMES[art.kind]}, not the {KIND_NAMES[kind]}; pass the artifact compiled "
-                        f"for it (`modeld-msm compile {COMPILE_FLAGS.get(kind, '--vision/--policy')}`), or a bundle")
-  for prog in PROGRAMS[art.kind]:
+  if art.kind not in kinds.KINDS:
+    raise ArtifactError(f"artifact {path} is of kind {art.kind!r}, which this modeld-msm does not know ({', '.join(kinds.KINDS)}); {REBUILD_HINT}")
+  if process is not None and art.spec.process != process:
+    want = kinds.served_by(process)
+    raise ArtifactError(f"artifact {path} holds the {art.spec.title}, not the {' or '.join(k.title for k in want)}; pass the artifact compiled "
+                        f"for it (`modeld-msm compile {want[0].compile_flags}`), or a bundle")
+  if (why := kinds.mismatch(art.programs, art.spec)) is not None:
+    raise ArtifactError(f"artifact {path}: {why}; {REBUILD_HINT}")
+  for prog in art.programs:
     if prog not in listed:
       raise ArtifactError(f"artifact {path} lacks {prog}; {REBUILD_HINT}")
   return art
@@ -239,25 +248,21 @@ def require_camera(art: VerifiedArtifact, camera: tuple[int, int]) -> None:
                         f"compile one with `--camera {camera[0]}x{camera[1]}`")
 
 
-# where a release bundle keeps each kind's artifacts: <bundle>/<w>x<h>/ (driving), <bundle>/dmonitoring/<w>x<h>/
-# a bundle holds one driving contract, at its root either way (bundle.json "contract" says which)
-KIND_DIRS = {"driving": "", "dmonitoring": "dmonitoring", "supercombo": ""}
-
-
-def resolve_artifact(path: str | Path, camera: tuple[int, int], kind: str = "driving") -> Path:
-  """An artifact dir, or a release bundle holding one artifact per camera size and kind (KIND_DIRS)."""
+def resolve_artifact(path: str | Path, camera: tuple[int, int], process: str = "modeld") -> Path:
+  """An artifact dir, or a release bundle holding one artifact per camera size under the folder of each kind (Kind.bundle_dir)."""
   path = Path(path)
   if (path / MANIFEST).exists():
     return path
-  # a bundle holds one contract; a kind is looked for under the folder of each kind it runs (the driving ones share the root)
-  for folder in dict.fromkeys(KIND_DIRS[k] for k in RUNS.get(kind, (kind,))):
+  served = kinds.served_by(process)
+  folders = tuple(dict.fromkeys(k.bundle_dir for k in served))
+  for folder in folders:
     sub = path / folder / f"{camera[0]}x{camera[1]}"
     if (sub / MANIFEST).exists():
       return sub
-  have = [p.name for p in _bundle_artifacts(path / KIND_DIRS[kind])]
-  if kind != "driving":
-    raise ArtifactError(f"no {KIND_NAMES[kind]} artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'} "
-                        f"under {KIND_DIRS[kind]}/); build the bundle with `modeld-msm release --dmonitoring ...`")
+  have = [p.name for f in folders for p in _bundle_artifacts(path / f)]
+  if folders != ("",):
+    raise ArtifactError(f"no {served[0].title} artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'} "
+                        f"under {'/, '.join(folders)}/); build the bundle with `modeld-msm release {served[0].compile_flags} ...`")
   raise ArtifactError(f"no artifact for camera {camera[0]}x{camera[1]} in {path} (found: {', '.join(have) or 'none'}); "
                       f"compile one with `modeld-msm compile --camera {camera[0]}x{camera[1]}`")
 
@@ -270,7 +275,7 @@ def _bundle_artifacts(path: Path) -> list[Path]:
 def sign_tree(path: str | Path, key: Path) -> list[tuple[Path, str]]:
   """Sign an artifact, or each artifact of a bundle, after verifying it (a tampered artifact is never signed)."""
   path = Path(path)
-  arts = [path] if (path / MANIFEST).exists() else _bundle_artifacts(path) + _bundle_artifacts(path / KIND_DIRS["dmonitoring"])
+  arts = [path] if (path / MANIFEST).exists() else [a for d in kinds.bundle_dirs() for a in _bundle_artifacts(path / d)]
   if not arts:
     raise ArtifactError(f"{path} is neither an artifact nor a bundle of artifacts; pass what `modeld-msm compile` or the release build wrote")
   for a in arts:

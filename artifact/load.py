@@ -13,8 +13,9 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 
 from artifact import cpu_replay, cpu_threads
-from artifact.format import METADATA, PROGRAMS, REBUILD_HINT, ArtifactError, VerifiedArtifact
+from artifact.format import METADATA, REBUILD_HINT, ArtifactError, VerifiedArtifact
 from artifact.jit_pickle import PickleRefused, unpickle_programs
+from artifact.kinds import FRAME
 from selfdrive_glue.nv12 import CAMERA_SIZES, nv12_info
 
 
@@ -44,16 +45,16 @@ def _why(e: BaseException) -> str:
   return f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
 
 
-# the arguments of each kind's programs that are camera frames (flat uint8 NV12): driving (frame, big_frame, ...),
-# dmonitoring (frame, m_inv, calib), supercombo (frame, big_frame, ..., action_t, tfm, big_tfm)
-FRAME_SLOTS = {"driving": (0, 1), "dmonitoring": (0,), "supercombo": (0, 1)}
+def frame_slots(spec: dict[str, Any]) -> tuple[int, ...]:
+  """The argument positions of a program's camera frames (flat uint8 NV12), from its recorded inputs."""
+  return tuple(i for i, io in enumerate(spec["inputs"]) if io["role"] == FRAME)
 
 
-def load_programs(art: VerifiedArtifact) -> tuple[Any, ...]:
-  """Unpickle the TinyJits of an already verified artifact (driving: policy, warp; dmonitoring: the model), admitting only
-  the classes a JIT needs; on a CPU each is replayed by artifact/cpu_replay.py."""
+def load_programs(art: VerifiedArtifact) -> dict[str, Any]:
+  """Unpickle the TinyJits of an already verified artifact, admitting only the classes a JIT needs; on a CPU each is replayed
+  by artifact/cpu_replay.py. -> {program role ("step", "warp"): its JIT}."""
   activate_target(art)
-  names = PROGRAMS[art.kind]
+  names = tuple(art.programs)
   try:
     jits = unpickle_programs(*(_read_checked(art, n) for n in names), names=names)
   except PickleRefused as e:
@@ -61,7 +62,7 @@ def load_programs(art: VerifiedArtifact) -> tuple[Any, ...]:
   _check_frame_inputs(art, jits)
   from tinygrad import Device
 
-  return tuple(cpu_replay.wrap(j, Device.DEFAULT) for j in jits)
+  return {art.programs[n]["role"]: cpu_replay.wrap(j, Device.DEFAULT) for n, j in zip(names, jits)}
 
 
 def frame_input_bytes(jit: Any, slots: tuple[int, ...] = (0, 1)) -> dict[int, int]:
@@ -81,8 +82,8 @@ def frame_input_bytes(jit: Any, slots: tuple[int, ...] = (0, 1)) -> dict[int, in
 def _check_frame_inputs(art: VerifiedArtifact, jits: tuple[Any, ...]) -> None:
   # an unsigned artifact's metadata can be rewritten together with its manifest: the programs' own frame size is the check
   want = nv12_info(*art.camera).size
-  for name, jit in zip(PROGRAMS[art.kind], jits):
-    got = set(frame_input_bytes(jit, FRAME_SLOTS[art.kind]).values())
+  for (name, spec), jit in zip(art.programs.items(), jits):
+    got = set(frame_input_bytes(jit, frame_slots(spec)).values())
     if got and got != {want}:
       built = [c for c, wh in CAMERA_SIZES.items() if nv12_info(*wh).size in got]
       raise ArtifactError(f"artifact {art.path}: {METADATA} says camera {art.camera[0]}x{art.camera[1]} ({want}-byte frames), but {name} "

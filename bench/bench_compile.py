@@ -76,7 +76,8 @@ def worker(models: Path, device: str, iters: int, precision: str, profile: bool 
   res: dict = {"device": device, "env": {k: os.environ[k] for k in ("BEAM", "NUM_CPU_THREADS") if k in os.environ}}
   out = Path(tempfile.mkdtemp(prefix="bench_compile_")) / "artifact"
   t = time.perf_counter()
-  compile_artifact(models / "driving_vision.onnx", models / "driving_policy.onnx", CAMERA, device, out, log=lambda *_: None,
+  models = {"vision": models / "driving_vision.onnx", "policy": models / "driving_policy.onnx"}
+  compile_artifact("driving", models, CAMERA, device, out, log=lambda *_: None,
                    precision=precision)
   res["compile_s"] = time.perf_counter() - t
   meta = verify_artifact(out).meta
@@ -89,7 +90,8 @@ def worker(models: Path, device: str, iters: int, precision: str, profile: bool 
   from tinygrad import Device
   dev = Device.DEFAULT
   res["renderer"] = type(Device[dev].renderer).__name__
-  policy_jit, warp_jit = load_programs(verify_artifact(out))
+  progs = load_programs(verify_artifact(out))
+  policy_jit, warp_jit = progs["step"], progs["warp"]
   nv, rng = nv12_info(*CAMERA), np.random.default_rng(0)
   bufs = [rng.integers(0, 256, nv.size, dtype=np.uint8) for _ in range(4)]
   frames = [frame_tensor(b, dev) for b in bufs]
@@ -160,7 +162,7 @@ def _per_model(path: Path, kind: str, dev: str, precision: str, layout: bool, se
   from tinygrad.nn.onnx import OnnxRunner
 
   from compile import cpu_layout
-  from compile.build import runner_model
+  from compile.one_model import runner_model
   feeds = _feeds(path, np.random.default_rng(1))
   with tempfile.TemporaryDirectory() as td:
     runner = OnnxRunner(runner_model(path, precision, layout, Path(td))[0])
@@ -189,8 +191,8 @@ def _profile(models: Path, dev: str, precision: str, layout: bool, searched, fra
 
   from tinygrad.helpers import Context
 
-  from compile.build import build_program
   from compile.onnx_model import load_model_info
+  from compile.programs.driving import build_program
   from selfdrive_glue.nv12 import nv12_info
   prog = build_program(load_model_info(models / "driving_vision.onnx", "vision"), load_model_info(models / "driving_policy.onnx", "policy"),
                        nv12_info(*CAMERA), dev, precision, layout=layout)

@@ -84,7 +84,7 @@ def frame_dispatches(artifact: Path, executed: bool = False) -> tuple[list[tuple
   ms = ModelState(artifact)
   z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
   disp, counts = step_dispatches(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False),
-                                 (ms.policy_jit, ms.warp_jit), ms.device, executed)
+                                 (ms.step.jit, ms.warp.jit), ms.device, executed)
   s = Device[ms.device].iface.settings
   return disp, {"prio": s.priority, "chunk": s.chunk_kernels, "inflight": s.inflight}, counts
 

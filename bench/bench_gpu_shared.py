@@ -65,9 +65,9 @@ def programs(driving: Path, dm: Path) -> dict[str, list[float]]:
   ms = ModelState(driving)
   z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
   drive, _ = step_dispatches(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False),
-                             (ms.policy_jit, ms.warp_jit), ms.device)
+                             (ms.step.jit, ms.warp.jit), ms.device)
   core = DMonitoringCore(dm)
-  dmon, _ = step_dispatches(lambda: core.run(z), (core.jit,), ms.device)
+  dmon, _ = step_dispatches(lambda: core.run(z), (core.program.jit,), ms.device)
   out = {}
   for name, art, order in (("modeld", driving, drive), ("dmonitoringmodeld", dm, dmon)):
     us = json.loads((art / "metadata.json").read_text())["kernel_us"]

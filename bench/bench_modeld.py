@@ -68,7 +68,7 @@ def bench(size: str, frames: int, camera: str) -> dict:
   warp_t = []
   for _ in range(20):
     t = time.perf_counter()
-    core.model._call(core.model.warp_jit, core.model._frame("main", bufs[0][0]), core.model._frame("extra", bufs[0][1]))
+    core.model._call(core.model.warp, core.model._frame("main", bufs[0][0]), core.model._frame("extra", bufs[0][1]))
     warp_t.append(time.perf_counter() - t)
   warp_med = float(np.median(warp_t))
   step_t, parse_t, fill_t, pub_t = [], [], [], []

@@ -135,7 +135,8 @@ def main() -> int:
   for dev in devices:
     t = time.perf_counter()
     try:
-      compile_artifact(models / "driving_vision.onnx", models / "driving_policy.onnx", CAMERA, dev, work / f"art-{dev}", log=lambda *_: None)
+      models = {"vision": models / "driving_vision.onnx", "policy": models / "driving_policy.onnx"}
+      compile_artifact("driving", models, CAMERA, dev, work / f"art-{dev}", log=lambda *_: None)
     except Exception as e:
       rows.append((f"compile {dev}", 0.0, f"error: {type(e).__name__}: {str(e)[:160]}"))
       continue

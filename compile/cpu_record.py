@@ -55,8 +55,9 @@ def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout
   with tempfile.TemporaryDirectory(prefix="modeld-msm-search-") as td:
     models = write_models(Path(td) / "models", size, seed)
     db = Path(td) / "search.db"
+    paths = {"vision": str(models["vision"].path), "policy": str(models["policy"].path)}
     code = ("import sys; from compile.build import compile_artifact; "
-            f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(camera)!r}, {device!r}, "
+            f"compile_artifact('driving', {paths!r}, {tuple(camera)!r}, {device!r}, "
             f"{str(Path(td) / 'artifact')!r}, precision={precision!r}, layout={layout!r}, search='off')")
     # the search times kernels split for, and run on, this machine's cores, their parts in parallel as the runtime runs them
     # (artifact/cpu_threads.py); the set only matches a compile with the same thread count
@@ -135,8 +136,9 @@ def rekey(table_path: Path = TABLE, log=print) -> int:
       cand_path, db = Path(td) / "candidate.json", Path(td) / "search.db"
       write_atomic(cand_path, cpu_search.table_bytes({"format": cpu_search.FORMAT, "sets": [candidate]}))
       out = Path(td) / "artifact"
+      paths = {"vision": str(models["vision"].path), "policy": str(models["policy"].path)}
       child = ("from compile.build import compile_artifact; "
-               f"compile_artifact({str(models['vision'].path)!r}, {str(models['policy'].path)!r}, {tuple(m['camera'])!r}, {m['device']!r}, "
+               f"compile_artifact('driving', {paths!r}, {tuple(m['camera'])!r}, {m['device']!r}, "
                f"{str(out)!r}, precision={m['precision']!r}, layout={'on' if m['layout'] else 'off'!r}, search='auto', log=lambda *_: None)")
       env = {**os.environ, "CACHEDB": str(db), "NUM_CPU_THREADS": str(m["threads"]), "MODELD_CPU_PARTS": "parallel",
              cpu_search.TABLE_ENV: str(cand_path)}

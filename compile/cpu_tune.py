@@ -33,9 +33,11 @@ from typing import Any
 from artifact import cpu_threads
 from artifact.load import frame_tensor
 from compile import cpu_search
-from compile.build import CompileReport, build_program, ort_check
+from compile.checks import ort_check
 from compile.cpu_search import opts_json, search_key
 from compile.onnx_model import load_model_info
+from compile.programs.driving import build_program
+from compile.report import CompileReport
 from modeld_msm.host_inputs import HostInputs
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info

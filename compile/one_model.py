@@ -11,11 +11,22 @@ from typing import Any, TypeVar
 from tinygrad.nn.onnx import OnnxRunner
 
 from compile import cpu_layout
-from compile.build import runner_model
+from compile import precision as precision_mod
 from compile.onnx_model import OnnxModelInfo
 from selfdrive_glue.nv12 import NV12Info
 
 P = TypeVar("P")
+
+
+def runner_model(path: Path, compute: str, layout: bool, workdir: Path) -> tuple[Path, dict[str, int]]:
+  """The ONNX file tinygrad runs for one model: widened to fp32 and/or with the CPU layout's graph rewrites, as written
+  into workdir (onnxruntime always checks the original). -> (path, {rewrite: count})."""
+  if compute == "fp32":
+    path = precision_mod.widen_to_fp32(path, workdir / f"fp32_{path.name}")
+  if not layout:
+    return path, {}
+  out = workdir / f"cpu_{path.name}"
+  return out, cpu_layout.rewrite(path, out)
 
 
 def runner(info: OnnxModelInfo, device: str, cpu_ops: bool) -> tuple[OnnxRunner, dict[str, Any]]:
@@ -28,7 +39,7 @@ def runner(info: OnnxModelInfo, device: str, cpu_ops: bool) -> tuple[OnnxRunner,
 
 def build(cls: type[P], info: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool, tag: str) -> P:
   """cls(info, nv, device, cpu_ops=) over the model as tinygrad runs it: widened to fp32 and/or rewritten for the CPU layout
-  (build.runner_model; onnxruntime still checks the original). The rewrite counts go on the program as `layout_rewrites`,
+  (runner_model; onnxruntime still checks the original). The rewrite counts go on the program as `layout_rewrites`,
   each named tag_<rewrite>."""
   if compute != "fp32" and not layout:
     return cls(info, nv, device)   # type: ignore[call-arg]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from artifact import kinds
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file
 
@@ -43,6 +44,8 @@ REQUIRED_SLICES = {"vision": ("hidden_state",), "policy": ("plan", "desire_state
 # widths the parsers rely on: 6 means + 6 log-stds per face; every other DM head is one value
 SLICE_WIDTHS = {"dmonitoring": {f"face_descs_{s}": 12 for s in ("lhd", "rhd")}}
 DM_SCALARS = {"wheel_on_right", *(f"{h}_{s}" for s in ("lhd", "rhd") for h in (*DM_HEADS[1:], "sleep_prob"))}
+SCALAR_SLICES = {"dmonitoring": DM_SCALARS}   # one value each, as the parser reads them
+LEAST_WIDTHS = {"supercombo": {"action": 2}}  # optional slices, at least this wide where present
 FEATURE_LEN = POLICY_INPUTS["features_buffer"][0][-1]   # the vision's hidden_state slice fills one features_buffer row
 
 
@@ -115,12 +118,10 @@ def contract_of(inputs: dict[str, Any]) -> str | None:
   return None
 
 
-def _where(kind: str) -> str:
-  if kind == "supercombo":
-    return "compile it with --model"
-  if kind == "dmonitoring":
-    return "compile it with --dmonitoring"
-  return f"pass it as --{kind}"
+def _where(contract: str) -> str:
+  """How `compile` is given a model of this contract."""
+  kind = kinds.of_model(contract)
+  return f"compile it with {kind.compile_flags}" if kind is not None else f"pass it as --{contract}"
 
 
 def encode_output_slices(slices: dict[str, slice]) -> str:
@@ -129,6 +130,18 @@ def encode_output_slices(slices: dict[str, slice]) -> str:
 
 def _dims(t) -> tuple[int, ...]:
   return tuple(d.dim_value if d.HasField("dim_value") else 0 for d in t.type.tensor_type.shape.dim)
+
+
+def detect_contract(path: str | Path) -> str | None:
+  """Which contract a model file's input names say it is (contract_of), or None for an unreadable file or no contract:
+  load_model_info then says what is wrong."""
+  import onnx
+  try:
+    graph = onnx.load(str(path), load_external_data=False).graph
+  except Exception:
+    return None
+  inits = {i.name for i in graph.initializer}
+  return contract_of({i.name: i for i in graph.input if i.name not in inits})
 
 
 def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
@@ -186,13 +199,14 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   for name, want in SLICE_WIDTHS.get(kind, {}).items():
     if (s := slices[name]).stop - (s.start or 0) != want:
       raise UserError(f"{kind} model {path.name}: its {name} slice {s} is {s.stop - (s.start or 0)} wide, openpilot's parser reads {want}")
-  for name in (n for n in slices if kind == "dmonitoring" and n in DM_SCALARS):
+  for name in (n for n in slices if n in SCALAR_SLICES.get(kind, ())):
     if (s := slices[name]).stop - (s.start or 0) != 1:
       raise UserError(f"{kind} model {path.name}: its {name} slice {s} is not one value wide, as openpilot's parser reads it")
-  if kind in ("vision", "supercombo") and (hs := slices["hidden_state"]).stop - (hs.start or 0) != FEATURE_LEN:
+  if "hidden_state" in REQUIRED_SLICES[kind] and (hs := slices["hidden_state"]).stop - (hs.start or 0) != FEATURE_LEN:
     raise UserError(f"{kind} model {path.name}: its hidden_state slice {hs} is not {FEATURE_LEN} wide, the policy's features_buffer rows")
-  if kind == "supercombo" and "action" in slices and (a := slices["action"]).stop - (a.start or 0) < 2:
-    raise UserError(f"supercombo model {path.name}: its action slice {a} is narrower than the 2 values modeld reads")
+  for name, least in LEAST_WIDTHS.get(kind, {}).items():
+    if name in slices and (a := slices[name]).stop - (a.start or 0) < least:
+      raise UserError(f"{kind} model {path.name}: its {name} slice {a} is narrower than the {least} values modeld reads")
   return OnnxModelInfo(path, kind, sha256_file(path), {k: _dims(v) for k, v in inputs.items()},
                        {k: _dtype_name(v) for k, v in inputs.items()},
                        out_shapes, slices, {k: v for k, v in meta.items() if k != "output_slices"})

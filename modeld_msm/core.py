@@ -151,7 +151,7 @@ class ModeldCore:
 
     t1 = self.clock()
     outputs, raw = self.model.run(main.buf, extra.buf, self.tfm, self.big_tfm, vec_desire, traffic_convention, prepare_only,
-                                  action_t=model_action_t(self.long_delay, lat_delay) if self.model.combined else None)
+                                  action_t=model_action_t(self.long_delay, lat_delay) if self.model.reads_action_t else None)
     t2 = self.clock()
     self.stats.last = StepTiming(model_s=t2 - t1)
     self.last_vipc_frame_id = main.frame_id
@@ -169,8 +169,8 @@ class ModeldCore:
 
     carstate = self.latest.get("carState", _NO_CARSTATE)
     lat_active = bool(self._get("carControl", "latActive", False))
-    # master's combined model: its action head where it has one, else the plan (0.11's pair: always the plan)
-    head = outputs["action"] if self.model.combined and "action" in outputs else None
+    # a kind with an action head (master's combined model) steers by it where the model has one, else by the plan
+    head = outputs.get("action") if self.model.artifact.spec.action_head else None
     action = get_action(outputs["plan"][0], self.prev_action, self.long_delay, lat_delay, v_ego, head=head)
     self.prev_action = action
 

@@ -21,7 +21,7 @@ from modeld_msm.constants import SEND_RAW_PRED
 from modeld_msm.dm_outputs import fill_driver_state, parse_dm_outputs
 from modeld_msm.frame_tensors import FrameTensors
 from modeld_msm.frames import Frame
-from modeld_msm.host_inputs import dm_host_inputs
+from modeld_msm.named_program import NamedProgram, host_arrays, host_tensors
 from selfdrive_glue import messaging
 from selfdrive_glue.camera import dm_warp_matrix
 from selfdrive_glue.nv12 import nv12_info
@@ -30,6 +30,7 @@ log = logging.getLogger("dmonitoringmodeld")
 
 SUBSCRIBED = ("liveCalibration", "extrinsicsCalibration")   # 0.11's and the newest master's name for the calibration
 PUBLISHED = ("driverStateV2",)
+PROVIDED = {"frame", "m_inv", "calib"}   # what this process feeds a driver-monitoring program
 
 
 @dataclass
@@ -46,13 +47,17 @@ class DMonitoringCore:
   def __init__(self, artifact: str | Path | VerifiedArtifact, clock: Callable[[], float] | None = None, device: str | None = None,
                camera: tuple[int, int] | None = None):
     self.artifact = artifact if isinstance(artifact, VerifiedArtifact) else verify_artifact(artifact, device=device, camera=camera,
-                                                                                             kind="dmonitoring")
-    (self.jit,) = load_programs(self.artifact)
+                                                                                             process="dmonitoringmodeld")
+    file, spec = self.artifact.program("step")
+    self.program = NamedProgram(load_programs(self.artifact)["step"], spec, file)
+    self.program.require(PROVIDED)
     from tinygrad import Device
     self.camera = self.artifact.camera
     self.frames = FrameTensors(Device.DEFAULT, nv12_info(*self.camera))
-    self.slices = self.artifact.output_slices("dmonitoring")
-    self.host, self.host_t = dm_host_inputs()
+    (out,) = spec["outputs"]
+    self.slices = self.artifact.output_slices(out["slices"])
+    self.host = host_arrays(spec)
+    self.host_t = host_tensors(self.host)
     self.clock = clock or time.perf_counter
     self.reset()
 
@@ -89,7 +94,8 @@ class DMonitoringCore:
   def run(self, buf: np.ndarray) -> np.ndarray:
     """The raw output vector (float32) for one driver-camera buffer under the current calib and warp matrix."""
     frame = self.frames.get("driver", buf, upload=True)
-    return read_output(self.jit(frame, self.host_t["m_inv"], self.host_t["calib"]))
+    (out,) = self.program({"frame": frame, **self.host_t}).values()
+    return read_output(out)
 
   def on_frame(self, main: Frame, extra: Frame | None = None, log_mono_time: int | None = None) -> list[tuple[str, bytes]]:
     self.stats.frames += 1

@@ -1,4 +1,5 @@
-"""The driving programs' host inputs: the arrays the captured JITs read on every call, written in place by the caller."""
+"""0.11's driving program's host inputs as attributes, for tools and tests that call its JITs directly (the processes take them
+from the artifact's recorded specs: modeld_msm/named_program.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,9 +27,3 @@ class HostInputs:
     # NPY tensors alias the numpy memory, so the captured JIT copies their current contents in on every call
     return {k: Tensor(getattr(self, k), device="NPY") for k in ("desire", "traffic_convention", "tfm", "big_tfm")}
 
-
-def dm_host_inputs() -> tuple[dict[str, np.ndarray], dict[str, Tensor]]:
-  """The driver-monitoring program's host inputs: the warp matrix (3, 3) and calib (1, 3), float32 arrays and the NPY
-  tensors over them that the JIT reads on every call."""
-  host = {"m_inv": np.zeros((3, 3), np.float32), "calib": np.zeros((1, 3), np.float32)}
-  return host, {k: Tensor(v, device="NPY") for k, v in host.items()}

@@ -69,7 +69,7 @@ class ModelProcess:
   rt_priority: int
   choose_streams: Callable[[set[int]], StreamChoice | None]   # the streams camerad offers -> what to read (None: wait)
   make_core: Callable[[VerifiedArtifact], Core]
-  kind: str = "driving"                                       # the artifact kind it runs (artifact/format.py PROGRAMS)
+
 
 
 @dataclass
@@ -169,10 +169,10 @@ class ArtifactSource:
   """The verified artifact for a camera size, each checked once: a single artifact at start-up (so a wrong one is refused
   before any camera is waited for), a bundle's artifact when camerad first reports its size."""
 
-  def __init__(self, path: str | Path, kind: str = "driving"):
+  def __init__(self, path: str | Path, process: str = "modeld"):
     check_artifact_path(path)
-    self.path, self.kind = Path(path), kind
-    self.single = verify_artifact(path, kind=kind) if (self.path / MANIFEST).exists() else None
+    self.path, self.process = Path(path), process
+    self.single = verify_artifact(path, process=process) if (self.path / MANIFEST).exists() else None
     self.current = self.single   # the artifact the running core was made from
 
   def for_camera(self, camera: tuple[int, int]) -> VerifiedArtifact:
@@ -180,7 +180,7 @@ class ArtifactSource:
       require_camera(self.single, camera)
       self.current = self.single
     else:
-      self.current = verify_artifact(resolve_artifact(self.path, camera, self.kind), camera=camera, kind=self.kind)
+      self.current = verify_artifact(resolve_artifact(self.path, camera, self.process), camera=camera, process=self.process)
     return self.current
 
 
@@ -282,7 +282,7 @@ def receive(streams: Streams, extra_frame: Frame | None, log: logging.Logger) ->
 
 def serve(proc: ModelProcess, opts: ServeOptions) -> int:
   log = logging.getLogger(proc.name)
-  source = ArtifactSource(opts.artifact, proc.kind)   # before anything slow: a wrong path or artifact must not wait for a camera
+  source = ArtifactSource(opts.artifact, proc.name)   # before anything slow: a wrong path or artifact must not wait for a camera
   stopping = False
 
   def _stop(*_):

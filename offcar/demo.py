@@ -24,15 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from artifact import kinds
 from artifact.cpu_info import cpu_info
 from artifact.format import ArtifactError, installed_versions, verify_artifact
 from compile.build import compile_artifact
-from compile.dm_build import compile_dm_artifact
-from compile.dm_refmodel import write_dm_model
 from compile.precision import choose
-from compile.refmodels import write_models
-from compile.supercombo_build import compile_supercombo_artifact
-from compile.supercombo_refmodel import write_supercombo_model
+from compile.programs import recipe_of
 from modeld_msm.constants import X_IDXS
 from offcar import dm_accuracy
 from offcar.accuracy import CURVATURE_CORR_LIMIT, LANE_ERROR_DISTANCE, LANE_ERROR_LIMIT_M
@@ -58,14 +55,15 @@ class DemoOptions:
   seed: int = 0
   random_weights: bool = False  # the random-weight reference models instead of the trained stand-in (tiny only has one)
   dm: bool = True               # also the driver camera and dmonitoringmodeld
-  contract: str = "driving"     # "supercombo": the same weights fused into master's combined model (compile --model)
+  kind: str = "driving"         # the driving kind modeld serves: "supercombo", the same weights fused into master's combined model
 
 
 def weights_name(opts: DemoOptions) -> str:
   return "stand-in" if not opts.random_weights and not opts.full else "random"
 
 
-def _cached(dirname: str, salt: str, models: list[Path], camera: str, device: str, kind: str, compile_into, what: str, log, tag: str) -> Path:
+def _cached(dirname: str, salt: str, models: list[Path], camera: str, device: str, process: str, compile_into, what: str, log,
+            tag: str) -> Path:
   """An artifact cached under ~/.cache/modeld-msm by the hash of everything that shapes it (salt, the models' bytes, the
   camera, device, versions, precision, CPU and our compile code), compiled by compile_into(path) when it is not there."""
   h = hashlib.sha256(salt.encode())
@@ -74,11 +72,11 @@ def _cached(dirname: str, salt: str, models: list[Path], camera: str, device: st
   # a CPU artifact is machine code for this CPU (-march=native): a cache carried to another CPU must not hand it over
   h.update(json.dumps([camera, device, installed_versions(), choose(device, "auto")[0], cpu_info().as_dict()]).encode())
   # the program is built by our own code too: a change there must not reuse a stale artifact
-  for src in sorted((Path(__file__).resolve().parents[1] / "compile").glob("*.py")):
+  for src in sorted((Path(__file__).resolve().parents[1] / "compile").rglob("*.py")):
     h.update(src.read_bytes())
   art = CACHE / f"{dirname}-{camera}-{device.replace(':', '_')}-{h.hexdigest()[:16]}"
   try:
-    verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera), kind=kind)
+    verify_artifact(art, device=device.split(":")[0], camera=parse_camera(camera), process=process)
     log(f"[{tag}] using cached artifact {art} ({what})")
     return art
   except ArtifactError:
@@ -91,40 +89,18 @@ def _cached(dirname: str, salt: str, models: list[Path], camera: str, device: st
   return art
 
 
-def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bool = False, tag: str = "demo",
-                    contract: str = "driving") -> Path:
-  """Reference models -> artifact, cached (_cached). stand_in: the trained tiny stand-in weights instead of random ones
-  (compile.refmodels.write_models). contract "supercombo": the pair fused into master's combined model first."""
-  if contract == "supercombo":
-    return _cached_supercombo(size, camera, device, log, stand_in, tag)
+def cached_artifact(size: str, camera: str, device: str, log=print, stand_in: bool = False, tag: str = "demo", kind: str = "driving") -> Path:
+  """A kind's reference models -> artifact, cached (_cached). stand_in: the trained tiny stand-in weights instead of random
+  ones (master's combined model: the stand-in pair fused)."""
+  k = kinds.get(kind)
   with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
-    models = write_models(td, size=size, seed=0, stand_in=stand_in)
-    # the weights' bytes are hashed as well; naming them keeps the two kinds apart even by directory name
+    written = recipe_of(k).write_models(td, size, 0, stand_in=stand_in)
+    # the weights' bytes are hashed as well; naming them keeps the two apart even by directory name
     weights = "standin" if stand_in else "random"
-    v, p = models["vision"].path, models["policy"].path
-    return _cached(f"artifact-{size}-{weights}", weights, [v, p], camera, device, "driving",
-                   lambda art: compile_artifact(v, p, parse_camera(camera), device, art, log=log),
-                   f"{size} reference models ({weights} weights)", log, tag)
-
-
-def _cached_supercombo(size: str, camera: str, device: str, log, stand_in: bool, tag: str) -> Path:
-  with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
-    weights = "standin" if stand_in else "random"
-    model = write_supercombo_model(td, size, 0, stand_in=stand_in).path
-    return _cached(f"supercombo-{size}-{weights}", weights, [model], camera, device, "supercombo",
-                   lambda art: compile_supercombo_artifact(model, parse_camera(camera), device, art, log=log),
-                   f"{size} reference models fused into master's combined model ({weights} weights)", log, tag)
-
-
-def cached_dm_artifact(camera: str, device: str, log=print, stand_in: bool = True) -> Path:
-  """The tiny driver-monitoring model -> artifact, cached (_cached). stand_in: the trained stand-in (`train-dm`), else
-  the random-weight reference model."""
-  with tempfile.TemporaryDirectory(prefix="modeld-msm-models-") as td:
-    weights = "standin" if stand_in else "random"
-    model = write_dm_model(td, "tiny", 0, stand_in=stand_in).path
-    return _cached(f"dm-artifact-tiny-{weights}", weights, [model], camera, device, "dmonitoring",
-                   lambda art: compile_dm_artifact(model, parse_camera(camera), device, art, log=log),
-                   f"tiny driver-monitoring model ({weights} weights)", log, "demo")
+    models = {m: written[m].path for m in k.models}
+    return _cached(f"{k.name}-{size}-{weights}", weights, list(models.values()), camera, device, k.process,
+                   lambda art: compile_artifact(k, models, parse_camera(camera), device, art, log=log),
+                   f"{size} reference {k.title} ({weights} weights)", log, tag)
 
 
 def rss_mb(pid: int) -> float | None:
@@ -178,8 +154,8 @@ def run_demo(opts: DemoOptions) -> dict:
   from tqdm import tqdm
   opts.out.mkdir(parents=True, exist_ok=True)
   size = "full" if opts.full else "tiny"
-  art = cached_artifact(size, opts.camera, opts.device, stand_in=not opts.random_weights and size == "tiny", contract=opts.contract)
-  dm_art = cached_dm_artifact(opts.camera, opts.device, stand_in=not opts.random_weights) if opts.dm else None
+  art = cached_artifact(size, opts.camera, opts.device, stand_in=not opts.random_weights and size == "tiny", kind=opts.kind)
+  dm_art = cached_artifact("tiny", opts.camera, opts.device, stand_in=not opts.random_weights, kind="dmonitoring") if opts.dm else None
   prefix = f"demo{uuid.uuid4().hex[:8]}"
   env = dict(os.environ, OPENPILOT_PREFIX=prefix, PYTHONUNBUFFERED="1")
   os.environ["OPENPILOT_PREFIX"] = prefix  # the listener in this process uses the same namespace
@@ -319,7 +295,7 @@ def against_truth(trace: Trace, opts: DemoOptions) -> TruthTrace:
   source = TruthSource(opts.seed, opts.camera, {fid: (scene_time(fid), lat_t) for fid in trace.frame_id})
   ev = evaluate(source, zip(trace.frame_id, trace.lane_lines, trace.curvature), "demo")
   s = ev.summary
-  summary = {"weights": weights_name(opts), "contract": opts.contract, "accuracy_frames": s["frames"], "accuracy_skipped_frames": s["skipped_frames"],
+  summary = {"weights": weights_name(opts), "kind": opts.kind, "accuracy_frames": s["frames"], "accuracy_skipped_frames": s["skipped_frames"],
              **{k: json_number(s[k]) for k in ("lane_error_m_p50", "lane_error_m_p90", "curvature_corr", "curvature_mae")},
              "accuracy_passes": s["passes"]}
   truths = [ev.truths[fid] for fid in trace.frame_id]

@@ -164,7 +164,7 @@ class Replayer:
     if plan.driver is None:
       return None, plan.driver_note
     if self.dm is None or tuple(self.dm.camera) != plan.size:
-      path = self.dm_artifact if (self.dm_artifact / MANIFEST).exists() else resolve_artifact(self.dm_artifact, plan.size, "dmonitoring")
+      path = self.dm_artifact if (self.dm_artifact / MANIFEST).exists() else resolve_artifact(self.dm_artifact, plan.size, "dmonitoringmodeld")
       self.dm = DMonitoringCore(path, clock=self.clock, camera=plan.size)
     self.dm.reset()
     return self.dm, ""

@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from artifact import signing
-from artifact.format import KIND_DIRS, MANIFEST, swap_in_dir, verify_artifact
-from compile.build import CompileReport, compile_artifact
-from compile.dm_build import compile_dm_artifact
+from artifact import kinds, signing
+from artifact.format import MANIFEST, swap_in_dir, verify_artifact
+from compile.build import compile_artifact
 from compile.onnx_model import load_model_info
-from compile.supercombo_build import compile_supercombo_artifact
+from compile.report import CompileReport
 from release import provenance, smoke
 from release.bundle import BUNDLE_FILE, SMOKE_DIR, human_size, tree_size
 from release.smoke import DM_SMOKE_FRAMES, SMOKE_FRAMES
@@ -52,47 +51,43 @@ def build_bundle(vision: Path | None, policy: Path | None, device: str, out: Pat
   driving = (model,) if model is not None else (vision, policy)
   inputs = tuple(p for p in driving if p is not None) + ((dmonitoring,) if dmonitoring else ()) + ((sign_key,) if sign_key else ())
   check_replaceable(out, {BUNDLE_FILE: "artifacts"}, "release bundle of ours", inputs)
-  if model is not None:
-    load_model_info(model, "supercombo")   # a wrong file is refused now, not after minutes
+  # the bundle's driving kind (one per bundle, bundle.json "contract") and, with `dmonitoring`, the DM kind, each from its models
+  driving_kind = kinds.of_model("supercombo") if model is not None else kinds.DEFAULT
+  builds = [(driving_kind, {"supercombo": model} if model is not None else {"vision": vision, "policy": policy}, smoke_frames)]
   if dmonitoring is not None:
-    load_model_info(dmonitoring, "dmonitoring")   # a wrong file is refused now, not after the driving compiles
+    builds.append((kinds.of_model("dmonitoring"), {"dmonitoring": dmonitoring}, dm_smoke_frames))
+  for kind, models, _ in builds:
+    if len(kind.models) == 1:
+      load_model_info(models[kind.models[0]], kind.models[0])   # a wrong file is refused now, not after minutes of compiling
   parent = out.resolve().parent
   parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-  jobs: list[tuple[str, str]] = [("driving", c) for c in cameras] + ([("dmonitoring", c) for c in cameras] if dmonitoring else [])
+  jobs = [(kind, models, frames, c) for kind, models, frames in builds for c in cameras]
   try:
-    tables: dict[str, dict[str, dict[str, Any]]] = {"driving": {}, "dmonitoring": {}}
-    for n, (kind, cam) in enumerate(jobs, 1):
+    tables: dict[str, dict[str, dict[str, Any]]] = {kind.bundle_dir: {} for kind, _, _ in builds}
+    for n, (kind, models, frames, cam) in enumerate(jobs, 1):
       t = time.perf_counter()
-      log(f"[release] {n}/{len(jobs)} {cam}{'' if kind == 'driving' else ' driver monitoring'} on {device}")
-      d = tmp / KIND_DIRS[kind] / cam
-      report: CompileReport
-      if kind == "driving" and model is not None:
-        report = compile_supercombo_artifact(model, CAMERA_SIZES[cam], device, d, log=log)
-      elif kind == "driving":
-        assert vision is not None and policy is not None
-        report = compile_artifact(vision, policy, CAMERA_SIZES[cam], device, d, log=log)
-      else:
-        assert dmonitoring is not None
-        report = compile_dm_artifact(dmonitoring, CAMERA_SIZES[cam], device, d, log=log)
-      art = verify_artifact(d, device=device.split(":")[0], camera=CAMERA_SIZES[cam], pubkey="", kind=kind)
+      log(f"[release] {n}/{len(jobs)} {cam}{'' if kind.process == 'modeld' else ' driver monitoring'} on {device}")
+      d = tmp / kind.bundle_dir / cam
+      report: CompileReport = compile_artifact(kind, models, CAMERA_SIZES[cam], device, d, log=log)
+      art = verify_artifact(d, device=device.split(":")[0], camera=CAMERA_SIZES[cam], pubkey="", process=kind.process)
       entry: dict[str, Any] = {"target": art.target, "checks": [c for c, r, _ in report.checks if r == "ok"], "size_bytes": tree_size(d)}
-      if (frames := smoke_frames if kind == "driving" else dm_smoke_frames) > 0:
-        log(f"[release] {cam}: recording the {kind} smoke test ({frames} frames through the artifact just built)")
+      if frames > 0:
+        log(f"[release] {cam}: recording the {kind.name} smoke test ({frames} frames through the artifact just built)")
         def every_25(i: int, k: int, cam: str = cam) -> None:
           if i % 25 == 0 or i == k:
             log(f"[release] {cam}: smoke frame {i}/{k}")
-        entry["smoke"] = smoke.record(d, tmp / SMOKE_DIR / KIND_DIRS[kind] / cam, frames, progress=every_25)
+        entry["smoke"] = smoke.record(d, tmp / SMOKE_DIR / kind.bundle_dir / cam, frames, progress=every_25)
         entry["checks"].append(f"smoke recorded ({frames} frames)")
       if sign_key is not None:
         entry["signed_by"] = signing.sign_artifact(d, sign_key, MANIFEST)
       entry["seconds"] = round(time.perf_counter() - t, 1)
       entry["provenance"] = provenance.of_artifact(art.meta)
-      tables[kind][cam] = entry
-    manifest = {"device": device.split(":")[0], "contract": "supercombo" if model is not None else "driving", "artifacts": tables["driving"],
+      tables[kind.bundle_dir][cam] = entry
+    manifest = {"device": device.split(":")[0], "contract": driving_kind.name, "artifacts": tables[driving_kind.bundle_dir],
                 "created_unix": int(time.time()), "build": provenance.of_build()}
-    if dmonitoring is not None:
-      manifest["dmonitoring"] = tables["dmonitoring"]
+    for kind, _, _ in builds[1:]:
+      manifest[kind.bundle_dir] = tables[kind.bundle_dir]
     (tmp / BUNDLE_FILE).write_text(json.dumps(manifest, indent=1))
     swap_in_dir(tmp, out)
     return manifest

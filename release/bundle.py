@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from artifact.format import KIND_DIRS, MANIFEST, sign_tree, verify_artifact
+from artifact import kinds
+from artifact.format import MANIFEST, sign_tree, verify_artifact
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file, write_atomic
 from selfdrive_glue.nv12 import parse_camera
@@ -41,17 +42,18 @@ class Bundle:
     return list(self.index.get("artifacts", {}))
 
   def entries(self, kind: str) -> dict[str, Any]:
-    return self.index["artifacts"] if kind == "driving" else self.index.get("dmonitoring") or {}
+    folder = kinds.KINDS[kind].bundle_dir   # the driving kinds' table is "artifacts", at the root; another kind's is named as its folder
+    return self.index["artifacts"] if not folder else self.index.get(folder) or {}
 
   @property
   def dm_cameras(self) -> list[str]:
     return list(self.entries("dmonitoring"))
 
   def artifact_dir(self, camera: str, kind: str = "driving") -> Path:
-    return self.path / KIND_DIRS[kind] / camera
+    return self.path / kinds.KINDS[kind].bundle_dir / camera
 
   def smoke_dir(self, camera: str, kind: str = "driving") -> Path:
-    return self.path / SMOKE_DIR / KIND_DIRS[kind] / camera
+    return self.path / SMOKE_DIR / kinds.KINDS[kind].bundle_dir / camera
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -88,14 +90,14 @@ def verify_bundle(path: str | os.PathLike, device: str | None = None, cameras: l
     parse_camera(cam)   # a size no camera makes is a typo, not a bundle to rebuild
     if cam not in b.index["artifacts"]:
       raise UserError(f"bundle {path} has no artifact for camera {cam} (it has {', '.join(b.cameras)}); {RELEASE_HINT} with --camera {cam}")
-    b.artifacts[cam] = verify_artifact(path / cam, device=b.device, camera=parse_camera(cam), pubkey=pubkey, kind="driving")
+    b.artifacts[cam] = verify_artifact(path / cam, device=b.device, camera=parse_camera(cam), pubkey=pubkey, process="modeld")
     if smoke or (smoke is None and b.index["artifacts"][cam].get("smoke")):
       check_smoke_files(b, cam)
   # the driver-monitoring artifacts of the same cameras, where the bundle has them
   for cam in [c for c in b.dm_cameras if c in (cameras or b.dm_cameras)]:
     parse_camera(cam)
     b.dm_artifacts[cam] = verify_artifact(b.artifact_dir(cam, "dmonitoring"), device=b.device, camera=parse_camera(cam), pubkey=pubkey,
-                                          kind="dmonitoring")
+                                          process="dmonitoringmodeld")
     if smoke or (smoke is None and b.entries("dmonitoring")[cam].get("smoke")):
       check_smoke_files(b, cam, "dmonitoring")
   return b
@@ -112,7 +114,8 @@ def sign_bundle(path: str | os.PathLike, key: Path) -> list[tuple[Path, str]]:
   if index is not None and index_dir is not None:
     recorded = False
     for art, kid in signed:
-      tables = {index_dir.resolve(): index["artifacts"], (index_dir / KIND_DIRS["dmonitoring"]).resolve(): index.get("dmonitoring") or {}}
+      dm_dir = index_dir / kinds.KINDS["dmonitoring"].bundle_dir
+      tables = {index_dir.resolve(): index["artifacts"], dm_dir.resolve(): index.get("dmonitoring") or {}}
       entry = tables.get(art.resolve().parent, {}).get(art.name)
       if isinstance(entry, dict):
         entry["signed_by"] = kid
@@ -125,7 +128,7 @@ def sign_bundle(path: str | os.PathLike, key: Path) -> list[tuple[Path, str]]:
 def check_smoke_files(b: Bundle, camera: str, kind: str = "driving") -> dict[str, str]:
   """The smoke files of one camera (and artifact kind), each matching the sha256 the release build recorded in bundle.json."""
   listed = b.entries(kind)[camera].get("smoke", {}).get("files")
-  what = camera if kind == "driving" else f"{kind} {camera}"
+  what = f"{kind} {camera}" if kinds.KINDS[kind].bundle_dir else camera
   if not listed:
     raise UserError(f"bundle {b.path} carries no smoke data for {what} (built before `modeld-msm smoke` existed?); {RELEASE_HINT}")
   d = b.smoke_dir(camera, kind)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import modeld_msm
+from artifact import kinds
 from artifact.format import swap_in_dir
 from artifact.signing import SignatureError, key_id, load_public
 from release.bundle import BUNDLE_FILE, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
@@ -347,8 +348,7 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
     raise UserError(f"bundle {bundle} is for {b.device}; the car runs QCOM bundles (`modeld-msm release --device QCOM`); "
                     "pass --allow-cpu to install a CPU bundle anyway (openpilot on a PC)")
   contracts = sorted({a.kind for a in b.artifacts.values()})
-  log(f"openpilot: {layout_name(top, root)}; driving model contract: "
-      + ", ".join("master's combined model (driving_supercombo.onnx)" if k == "supercombo" else "0.11's vision + policy pair" for k in contracts))
+  log(f"openpilot: {layout_name(top, root)}; driving model contract: " + ", ".join(kinds.KINDS[k].contract for k in contracts))
   dm = b.dm_cameras   # bundle.json "dmonitoring", its shape checked by read_index
   wanted = [MODELD] + ([DMONITORING] if dm else [])
   needed_why = {DMONITORING: f"bundle {bundle} has driver-monitoring artifacts (bundle.json \"{DM_KEY}\"), so install replaces that "

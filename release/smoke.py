@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from artifact.format import verify_artifact
-from compile.program import DESIRE_LEN
+from modeld_msm.constants import DESIRE_LEN
 from modeld_msm.dm_core import DMonitoringCore
 from modeld_msm.model_state import ModelState
 from release.bundle import sha256_bytes
@@ -134,7 +134,7 @@ def record(artifact_dir: Path, out_dir: Path, frames: int = SMOKE_FRAMES, progre
   t0 = time.perf_counter()
   art = verify_artifact(artifact_dir, pubkey="")
   camera = f"{art.camera[0]}x{art.camera[1]}"
-  inp = make_dm_input(camera, frames) if art.kind == "dmonitoring" else make_input(camera, frames)
+  inp = make_dm_input(camera, frames) if art.spec.process == "dmonitoringmodeld" else make_input(camera, frames)
   state = load_state(art)
   from tinygrad import Device
   producer = _producer(Device.DEFAULT)
@@ -168,7 +168,7 @@ def record(artifact_dir: Path, out_dir: Path, frames: int = SMOKE_FRAMES, progre
 
 def load_state(art):
   """What runs the artifact the way its process does: ModelState (modeld) or DMonitoringCore (dmonitoringmodeld)."""
-  return DMonitoringCore(art) if art.kind == "dmonitoring" else ModelState(art)
+  return DMonitoringCore(art) if art.spec.process == "dmonitoringmodeld" else ModelState(art)
 
 
 def _producer(device: str) -> dict[str, Any]:
@@ -215,16 +215,19 @@ class SmokeResult:
 
 
 def output_name(art, index: int) -> str:
-  """The named output slice that raw index `index` (vision ++ policy, or the DM model's) falls in, e.g. "policy 'plan'[37]"."""
-  if art.kind in ("dmonitoring", "supercombo"):   # one model, one output
-    return next((f"{art.kind} '{name}'[{index - sl.start}]" for name, sl in art.output_slices(art.kind).items()
-                 if sl.start <= index < sl.stop), f"{art.kind} output [{index}] (in no named slice)")
-  widths = {k: int(sum(int(np.prod(s)) for s in art.meta["models"][k]["output_shapes"].values())) for k in ("vision", "policy")}
-  kind, j = ("vision", index) if index < widths["vision"] else ("policy", index - widths["vision"])
-  for name, sl in sorted(art.output_slices(kind).items(), key=lambda kv: kv[1].start):
-    if sl.start <= j < sl.stop:
-      return f"{kind} '{name}'[{j - sl.start}]"
-  return f"{kind} output [{j}] (in no named slice)"
+  """The named output slice that raw index `index` (the step's outputs one after another: vision ++ policy, or the one
+  model's) falls in, e.g. "policy 'plan'[37]"."""
+  j = index
+  for out in art.program("step")[1]["outputs"]:
+    model = out["slices"]
+    width = int(sum(int(np.prod(s)) for s in art.meta["models"][model]["output_shapes"].values()))
+    if j < width:
+      for name, sl in sorted(art.output_slices(model).items(), key=lambda kv: kv[1].start):
+        if sl.start <= j < sl.stop:
+          return f"{model} '{name}'[{j - sl.start}]"
+      return f"{model} output [{j}] (in no named slice)"
+    j -= width
+  return f"output [{index}] (past the step's outputs)"
 
 
 def check(art, smoke_dir: Path, frames: int | None = None, tolerance: tuple[float, float] | None = None,

@@ -134,7 +134,8 @@ def cpu_artifact_1344(tiny_models, tmp_path_factory) -> Path:
   """CPU artifact of the tiny models for 1344x760, built in-process through `compile.build.compile_artifact`."""
   from compile.build import compile_artifact
   out = tmp_path_factory.mktemp("cpu_artifact_1344") / "artifact"
-  report = compile_artifact(tiny_models / "driving_vision.onnx", tiny_models / "driving_policy.onnx", (1344, 760), "CPU", out,
+  models = {"vision": tiny_models / "driving_vision.onnx", "policy": tiny_models / "driving_policy.onnx"}
+  report = compile_artifact("driving", models, (1344, 760), "CPU", out,
                             log=lambda *_: None)
   (out.parent / "compile.log").write_text(report.table())
   return out
@@ -150,9 +151,9 @@ def dm_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def dm_cpu_artifact(dm_model, tmp_path_factory) -> Path:
   """CPU driver-monitoring artifact of the tiny DM model for 1928x1208, built in-process (compile.dm_build)."""
-  from compile.dm_build import compile_dm_artifact
+  from compile.build import compile_artifact
   out = tmp_path_factory.mktemp("dm_cpu_artifact") / "artifact"
-  report = compile_dm_artifact(dm_model, (1928, 1208), "CPU", out, log=lambda *_: None)
+  report = compile_artifact("dmonitoring", {"dmonitoring": dm_model}, (1928, 1208), "CPU", out, log=lambda *_: None)
   (out.parent / "compile.log").write_text(report.table())
   return out
 

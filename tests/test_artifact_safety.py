@@ -153,11 +153,11 @@ def test_allowlist_is_exactly_what_a_real_artifact_needs(cpu_artifact_1928):
 
 
 def test_compile_reload_check_uses_the_restricted_unpickler(tmp_path):
-  from compile.build import _check_reload
+  from compile.build import reload_programs
   marker = tmp_path / "PAYLOAD_RAN"
   bad = _global_call("os", "system", f"touch {marker}")
   with pytest.raises(PickleRefused, match=r"os\.system"):
-    _check_reload(bad, bad, None, None, None, [], None)  # type: ignore[arg-type]
+    reload_programs({"driving_policy.pkl": bad, "driving_warp.pkl": bad})
   assert not marker.exists()
 
 

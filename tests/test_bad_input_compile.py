@@ -370,7 +370,8 @@ def test_unsigned_artifact_with_edited_camera_is_refused_at_load(cpu_artifact_19
     ModelState(d, camera=(1344, 760))
   assert "\n" not in str(e.value)
   # the sizes read off the programs are the ones the compile used
-  policy, warp = load_programs(verify_artifact(cpu_artifact_1928))
+  progs = load_programs(verify_artifact(cpu_artifact_1928))
+  policy, warp = progs["step"], progs["warp"]
   assert frame_input_bytes(policy.jit) == frame_input_bytes(warp.jit) == {0: nv12_info(1928, 1208).size, 1: nv12_info(1928, 1208).size}
 
 

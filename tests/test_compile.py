@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from artifact.format import verify_artifact
 from artifact.load import frame_tensor
 from cli.main import main as cli_main
-from compile.build import ORT_ATOL, ORT_RTOL
+from compile.checks import ORT_ATOL, ORT_RTOL
 from compile.onnx_model import load_model_info
 from compile.program import FRAME_SKIP, DrivingProgram
 from compile.refmodels import POLICY_SLICES, VISION_SLICES, encode_output_slices, write_models
@@ -36,7 +36,7 @@ def _random_host(rng: np.random.Generator, host: HostInputs) -> None:
 
 def _unjitted(models: Path, camera: tuple[int, int], compute: str = "fp16") -> DrivingProgram:
   """The program as compile builds it, in the given compute precision (an artifact records its own in metadata)."""
-  from compile.build import build_program
+  from compile.programs.driving import build_program
   return build_program(load_model_info(models / "driving_vision.onnx", "vision"), load_model_info(models / "driving_policy.onnx", "policy"),
                        nv12_info(*camera), "CPU", compute)
 

@@ -13,7 +13,7 @@ def test_flags_reach_compile_artifact(monkeypatch, tmp_path):
     def table(self) -> str:
       return "ok"
 
-  def fake(vision, policy, camera, device, out, **kw):
+  def fake(kind, models, camera, device, out, **kw):
     seen.update(kw, camera=camera, device=device)
     return _Report()
 

@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from compile import cpu_layout, cpu_search
-from compile.build import ORT_ATOL, ORT_RTOL
+from compile.checks import ORT_ATOL, ORT_RTOL
 from selfdrive_glue.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def test_cpu_runner_matches_onnxruntime_and_the_plain_runner(tiny_models, tmp_pa
   from tinygrad import Tensor
   from tinygrad.nn.onnx import OnnxRunner
 
-  from compile.build import runner_model
+  from compile.one_model import runner_model
   src = tiny_models / f"driving_{kind}.onnx"
   feeds = _feeds(src, 1)
   ref = _ort(src, feeds)

@@ -152,7 +152,7 @@ def test_artifact_runs_the_pointwise_kernel(cpu_artifact_1928):
 
   from artifact.format import verify_artifact
   from artifact.load import load_programs
-  policy_jit, _ = load_programs(verify_artifact(cpu_artifact_1928))
+  policy_jit = load_programs(verify_artifact(cpu_artifact_1928))["step"]
   names = [c.src[0].arg.name for c in policy_jit.captured.linear.src if c.op is Ops.CALL and c.src[0].op is Ops.PROGRAM]
   assert sum(n.startswith("pointwise_") for n in names) == meta["cpu_layout"]["pointwise_kernel"]["vision"], names
 

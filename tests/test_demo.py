@@ -96,7 +96,8 @@ def test_artifact_cache_keeps_the_weights_apart(tmp_path, monkeypatch):
     def table(self):
       return ""
   monkeypatch.setattr(demo, "verify_artifact", not_cached)
-  monkeypatch.setattr(demo, "compile_artifact", lambda v, p, cam, dev, art, log: built.append((v.read_bytes(), art)) or Report())
+  monkeypatch.setattr(
+    demo, "compile_artifact", lambda kind, models, cam, dev, art, log: built.append((models["vision"].read_bytes(), art)) or Report())
   arts = {w: demo.cached_artifact("tiny", "1928x1208", "CPU", log=lambda *_: None, stand_in=w) for w in (True, False)}
   assert "-standin-" in arts[True].name and "-random-" in arts[False].name and arts[True] != arts[False]
   assert [a for _, a in built] == [arts[True], arts[False]] and built[0][0] != built[1][0]
@@ -109,7 +110,7 @@ def test_demo_runs_masters_combined_model(tmp_path):
   r = run_cli("demo", "--contract", "supercombo", "--seconds", SECONDS, "--no-dm", "--out", out, timeout=600)
   assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
   s = json.loads((out / "summary.json").read_text())
-  assert s["contract"] == "supercombo" and s["weights"] == "stand-in" and s["published"]["modelV2"] >= 10
+  assert s["kind"] == "supercombo" and s["weights"] == "stand-in" and s["published"]["modelV2"] >= 10
   from offcar.accuracy import LANE_ERROR_LIMIT_M
   assert s["lane_error_m_p50"] <= LANE_ERROR_LIMIT_M, s
   assert "Traceback" not in (out / "modeld.log").read_text()

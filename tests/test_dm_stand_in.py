@@ -30,9 +30,9 @@ TIMES = np.linspace(0, 60, 48, endpoint=False) + 0.13   # one 60 s segment: face
 
 @pytest.fixture(scope="module")
 def stand_in_dm_artifact(tmp_path_factory):
-  from compile.dm_build import compile_dm_artifact
+  from compile.build import compile_artifact
   out = tmp_path_factory.mktemp("dm_stand_in") / "artifact"
-  report = compile_dm_artifact(STAND_IN_DIR / "dmonitoring_model.onnx", (1928, 1208), "CPU", out, log=lambda *_: None)
+  report = compile_artifact("dmonitoring", {"dmonitoring": STAND_IN_DIR / "dmonitoring_model.onnx"}, (1928, 1208), "CPU", out, log=lambda *_: None)
   assert "dmonitoring vs onnxruntime" in report.table()
   return out
 

@@ -118,7 +118,7 @@ def test_compile_refuses_a_model_off_the_contract_in_one_line(tmp_path, cli):
 
 
 def test_artifact_records_its_kind_and_checks(dm_cpu_artifact):
-  art = verify_artifact(dm_cpu_artifact, kind="dmonitoring")
+  art = verify_artifact(dm_cpu_artifact, process="dmonitoringmodeld")
   assert art.kind == "dmonitoring" and art.camera == (1928, 1208) and set(art.digests) == {"dmonitoring_model.pkl", "metadata.json"}
   checks = {c: r for c, r, _ in art.meta["validation"]["checks"]}
   assert {"dmonitoring vs onnxruntime", "jit == unjitted", "pickle reload"} <= set(checks) and set(checks.values()) == {"ok"}
@@ -128,17 +128,17 @@ def test_artifact_records_its_kind_and_checks(dm_cpu_artifact):
 
 def test_the_other_process_kind_is_refused(dm_cpu_artifact, cpu_artifact_1928):
   with pytest.raises(ArtifactError, match="holds the driver-monitoring model .* not the driving model"):
-    verify_artifact(dm_cpu_artifact, kind="driving")
+    verify_artifact(dm_cpu_artifact, process="modeld")
   with pytest.raises(ArtifactError, match="holds the driving model .* not the driver-monitoring model"):
-    verify_artifact(cpu_artifact_1928, kind="dmonitoring")
+    verify_artifact(cpu_artifact_1928, process="dmonitoringmodeld")
 
 
 def test_a_bundle_keeps_the_dm_artifacts_apart(tmp_path, dm_cpu_artifact):
   (tmp_path / "b" / "dmonitoring").mkdir(parents=True)
   (tmp_path / "b" / "dmonitoring" / "1928x1208").symlink_to(dm_cpu_artifact)
-  assert resolve_artifact(tmp_path / "b", (1928, 1208), "dmonitoring") == tmp_path / "b" / "dmonitoring" / "1928x1208"
+  assert resolve_artifact(tmp_path / "b", (1928, 1208), "dmonitoringmodeld") == tmp_path / "b" / "dmonitoring" / "1928x1208"
   with pytest.raises(ArtifactError, match="no driver-monitoring model .* artifact for camera 1344x760"):
-    resolve_artifact(tmp_path / "b", (1344, 760), "dmonitoring")
+    resolve_artifact(tmp_path / "b", (1344, 760), "dmonitoringmodeld")
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +208,7 @@ def test_a_short_buffer_is_dropped_and_counted(dm_core):
 
 def test_nonfinite_outputs_publish_invalid_and_keep_going(dm_core, caplog):
   dm_core.reset()
-  real = dm_core.jit
+  real = dm_core.program.jit
 
   class Poisoned:
     def __call__(self, *a):
@@ -216,13 +216,13 @@ def test_nonfinite_outputs_publish_invalid_and_keep_going(dm_core, caplog):
       out = real(*a).numpy().copy()
       out[0, 3] = np.nan
       return Tensor(out)
-  dm_core.jit = Poisoned()
+  dm_core.program.jit = Poisoned()
   buf = _frames(4, 1)[0]
   try:
     with caplog.at_level("ERROR", logger="dmonitoringmodeld"):
       assert [_published(dm_core, buf, i).valid for i in (1, 2)] == [False, False]
   finally:
-    dm_core.jit = real
+    dm_core.program.jit = real
   assert sum("NaN/inf" in r.message for r in caplog.records) == 1 and dm_core.stats.nonfinite_steps == 2
   assert _published(dm_core, buf, 3).valid
 
@@ -236,7 +236,7 @@ def test_qcom_dm_artifact_executes_on_the_emulated_a630_like_the_cpu(tmp_path, d
   assert r.returncode == 0, r.stdout + r.stderr
   rows = {line.split("  ")[0].strip() for line in r.stdout.splitlines()}
   assert {"pickle replay (EMU)", "a630 time estimate", "a630 vs tinygrad CI"} <= rows, r.stdout
-  art = verify_artifact(out, device="QCOM", kind="dmonitoring")
+  art = verify_artifact(out, device="QCOM", process="dmonitoringmodeld")
   assert art.meta["flags"] == {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "OPENPILOT_HACKS": 1, "IMAGE": 2}, art.meta["flags"]
   assert art.meta["openpilot"] == "0.11" and art.meta["kernel_us"]
   code = """

@@ -24,8 +24,8 @@ def test_bundle_both_cameras_and_both_models(tiny_models, dm_model, tmp_path):
     assert art == out / cam
     assert verify_artifact(art, device="CPU", camera=size).camera == size
     assert bundle["artifacts"][cam]["smoke"]["outputs"] == 90 and bundle["artifacts"][cam]["provenance"]["camera"] == cam
-    dm = resolve_artifact(out, size, "dmonitoring")
-    assert dm == out / "dmonitoring" / cam and verify_artifact(dm, camera=size, kind="dmonitoring").kind == "dmonitoring"
+    dm = resolve_artifact(out, size, "dmonitoringmodeld")
+    assert dm == out / "dmonitoring" / cam and verify_artifact(dm, camera=size, process="dmonitoringmodeld").kind == "dmonitoring"
     assert bundle["dmonitoring"][cam]["smoke"]["outputs"] == 20 and "dmonitoring vs onnxruntime" in bundle["dmonitoring"][cam]["checks"]
   assert not [p for p in tmp_path.iterdir() if p.name.startswith(".artifacts")]   # no temp dirs left
   table = [ln.split() for ln in r.stdout.splitlines()]

@@ -49,7 +49,8 @@ def artifact():
         shutil.rmtree(stale, ignore_errors=True)
       models = cache / f"models-{out.name}"
       write_models(models, "tiny", 0)
-      compile_artifact(models / "driving_vision.onnx", models / "driving_policy.onnx", (1344, 760), "CPU", out, log=lambda *_: None)
+      models = {"vision": models / "driving_vision.onnx", "policy": models / "driving_policy.onnx"}
+      compile_artifact("driving", models, (1344, 760), "CPU", out, log=lambda *_: None)
   return out
 
 
@@ -359,9 +360,9 @@ def test_reset_serves_many_segments_like_fresh_cores(seg, artifact, tmp_path):
   replay_segment(seg, artifact, tmp_path / "fresh.zst")
   r = Replayer(artifact)
   r.replay(other, tmp_path / "first.zst")
-  jit = r.core.model.policy_jit
+  jit = r.core.model.step.jit
   res = r.replay(seg, tmp_path / "reset.zst")
-  assert res.start == "fresh" and r.core.model.policy_jit is jit  # the loaded programs were kept
+  assert res.start == "fresh" and r.core.model.step.jit is jit  # the loaded programs were kept
   assert len(r.core.model.state_buffers) == 4  # the image, big image, feature and desire queues; no reload fallback
   assert (tmp_path / "reset.zst").read_bytes() == (tmp_path / "fresh.zst").read_bytes()
   # without the reset the state of `other` leaks in: the check above can fail

@@ -62,9 +62,10 @@ def test_driver_frames_replay_through_the_dm_and_repeat_exactly(dseg, cpu_artifa
 
 
 def test_regress_catches_a_dm_change(dseg, cpu_artifact_1928, dm_cpu_artifact, tmp_path):
-  from compile.dm_build import compile_dm_artifact
+  from compile.build import compile_artifact
   from compile.dm_refmodel import write_dm_model
-  other = compile_dm_artifact(write_dm_model(tmp_path / "m", "tiny", 9).path, (1928, 1208), "CPU", tmp_path / "dm9", log=lambda *_: None)
+  models = {"dmonitoring": write_dm_model(tmp_path / "m", "tiny", 9).path}
+  other = compile_artifact("dmonitoring", models, (1928, 1208), "CPU", tmp_path / "dm9", log=lambda *_: None)
   replay_segment(dseg, cpu_artifact_1928, tmp_path / "ref.zst", dm_artifact=dm_cpu_artifact)
   replay_segment(dseg, cpu_artifact_1928, tmp_path / "new.zst", dm_artifact=other.out_dir)
   results, _ = regress(tmp_path / "new.zst", tmp_path / "ref.zst")

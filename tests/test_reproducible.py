@@ -137,7 +137,8 @@ def test_compile_twice_gives_byte_identical_artifacts(cpu_artifact_1928, tiny_mo
   from compile.build import compile_artifact
   Tensor.ones(3).contiguous().realize()   # move this process's buffer counters on
   out = tmp_path / "again"
-  compile_artifact(tiny_models / "driving_vision.onnx", tiny_models / "driving_policy.onnx", (1928, 1208), "CPU", out, log=lambda *_: None)
+  models = {"vision": tiny_models / "driving_vision.onnx", "policy": tiny_models / "driving_policy.onnx"}
+  compile_artifact("driving", models, (1928, 1208), "CPU", out, log=lambda *_: None)
   names = sorted(p.name for p in cpu_artifact_1928.iterdir())
   assert names == sorted(p.name for p in out.iterdir())
   for n in names:

@@ -26,9 +26,9 @@ CAM = "1928x1208"
 
 
 def _stand_in_compile(artifact: Path):
-  from compile.build import CompileReport
+  from compile.report import CompileReport
 
-  def compile_artifact(vision, policy, camera, device, out_dir, log=print, precision="auto"):
+  def compile_artifact(kind, models, camera, device, out_dir, log=print, precision="auto"):
     clone_artifact(artifact, Path(out_dir))
     report = CompileReport(Path(out_dir))
     report.checks = [tuple(c) for c in json.loads((artifact / "metadata.json").read_text())["validation"]["checks"]]

@@ -23,7 +23,8 @@ FRAMES = 24         # 1.2 s at 20 Hz; outputs from frame 4 on (the first with a 
 def stand_in_artifact(tmp_path_factory):
   from compile.build import compile_artifact
   out = tmp_path_factory.mktemp("stand_in") / "artifact"
-  report = compile_artifact(STAND_IN_DIR / "driving_vision.onnx", STAND_IN_DIR / "driving_policy.onnx", (1928, 1208), "CPU", out,
+  models = {"vision": STAND_IN_DIR / "driving_vision.onnx", "policy": STAND_IN_DIR / "driving_policy.onnx"}
+  report = compile_artifact("driving", models, (1928, 1208), "CPU", out,
                             log=lambda *_: None)
   (out.parent / "compile.log").write_text(report.table())
   return out

@@ -1,4 +1,4 @@
-"""Master's combined driving model compiled (compile/supercombo_build.py) and its per-frame program checked against 0.11's
+"""Master's combined driving model compiled (compile/build.py) and its per-frame program checked against 0.11's
 split program with teeth: the combined model fused from a pair, run through SupercomboProgram's JITs, gives what the pair
 gives through DrivingProgram's JITs, frame after frame, dropped frames included; planted bugs (the hidden state fed back a
 frame late, action_t swapped, 25 past features) each fail that check."""
@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from compile.build import _Steps
+from artifact.kinds import KINDS
 from compile.onnx_model import load_model_info
 from compile.program import DrivingProgram, _push
+from compile.programs.driving import driving_inputs
 from compile.refmodels import POLICY_SLICES, VISION_SLICES, write_models
 from compile.supercombo_program import SupercomboProgram
 from compile.supercombo_refmodel import LAT_T_GAIN, LONG_T_GAIN, PLAN_A0, PLAN_V0, PLAN_YAW_RATE0, slices, write_supercombo_model
-from modeld_msm.host_inputs import HostInputs
+from modeld_msm.named_program import host_arrays, host_tensors
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info
 from tests.conftest import run_cli
@@ -37,14 +38,17 @@ def pair_and_combined(tmp_path_factory):
 def _disagreement(split: DrivingProgram, combo: SupercomboProgram) -> str | None:
   """Run both programs' JITs over PLAN on the same frames and host inputs; -> where they first disagree, or None."""
   (sp, sw), (cp, cw) = split.jits(), combo.jits()
-  steps, host = _Steps(NV, "CPU", 3), HostInputs.zeros()
-  host_np = {k: getattr(host, k) for k in ("desire", "traffic_convention", "tfm", "big_tfm")}
-  host_t = host.tensors()
+  steps = driving_inputs(NV, "CPU", 3, len(PLAN))
+  host_np = host_arrays(KINDS["driving"].program("step").as_meta())
+  host_t = host_tensors(host_np)
   at_np = np.zeros((1, 2), np.float32)
   at = Tensor(at_np, device="NPY")
   rng = np.random.default_rng(5)
   for i, kind in enumerate(PLAN):
-    frame, big, desire, tc, tfm, big_tfm = steps.args(i % len(steps.host), host_np, host_t)
+    for k, a in host_np.items():
+      a[...] = steps[i][k]
+    frame, big = steps[i]["frame"], steps[i]["big_frame"]
+    desire, tc, tfm, big_tfm = (host_t[k] for k in ("desire", "traffic_convention", "tfm", "big_tfm"))
     at_np[...] = [[rng.uniform(0.1, 0.5), rng.uniform(0.3, 0.8)]]
     if kind == "W":
       sw(frame, big, desire, tc, tfm, big_tfm)

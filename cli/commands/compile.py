@@ -2,10 +2,12 @@
 openpilot 0.11; or --model driving_supercombo.onnx, master's combined model) or the driver-monitoring model (--dmonitoring)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from artifact import kinds
 from artifact.format import disk_full_error
 from compile.build import compile_artifact
-from compile.dm_build import compile_dm_artifact
-from compile.supercombo_build import compile_supercombo_artifact
+from compile.onnx_model import detect_contract
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import parse_camera
 
@@ -13,10 +15,10 @@ from selfdrive_glue.nv12 import parse_camera
 def add_arguments(p) -> None:
   p.add_argument("--vision", help="driving_vision.onnx (with --policy: the driving model, for modeld)")
   p.add_argument("--policy", help="driving_policy.onnx")
-  p.add_argument("--model", metavar="ONNX", help="driving_supercombo.onnx: openpilot master's combined driving model, in place of "
-                                                 "--vision/--policy (modeld serves either)")
-  p.add_argument("--dmonitoring", metavar="ONNX", help="dmonitoring_model.onnx: the driver-monitoring model, for dmonitoringmodeld (its own "
-                                                       "artifact: pass it without --vision/--policy)")
+  p.add_argument("--model", metavar="ONNX", help="a one-file model, its contract read from its inputs: driving_supercombo.onnx "
+                                                 "(openpilot master's driving model; modeld serves it like the pair) or dmonitoring_model.onnx "
+                                                 "(the driver-monitoring model, for dmonitoringmodeld)")
+  p.add_argument("--dmonitoring", metavar="ONNX", help="dmonitoring_model.onnx, the same as --model with the driver-monitoring model")
   p.add_argument("--camera", default="1928x1208", help="camera size: 1928x1208 (ar0231/ox03c10) or 1344x760 (os04c10)")
   p.add_argument("--device", default="CPU", help="CPU (off the car), CPU:LLVM (needs libLLVM >= 16), QCOM (Adreno 630, captured on the "
                                                  "emulated render node), or a workstation GPU for replay: CUDA, NV, AMD")
@@ -35,30 +37,33 @@ def add_arguments(p) -> None:
                       "default auto, or $MODELD_CPU_SEARCH")
 
 
+def _kind_and_models(args) -> tuple[kinds.Kind, dict[str, str]]:
+  """The kind the given files are (the pair: 0.11's driving model; --model: whatever contract its inputs say) and its models."""
+  single = [(flag, path) for flag, path in (("--model", args.model), ("--dmonitoring", args.dmonitoring)) if path]
+  if len(single) > 1 or (single and (args.vision or args.policy)):
+    given = [f for f, p in (("--vision/--policy", args.vision or args.policy), *single) if p]
+    raise UserError(f"{' and '.join(given)} are two artifacts; compile each into its own -o")
+  if not single:
+    if not (args.vision and args.policy):
+      raise UserError("pass the driving model as --vision driving_vision.onnx --policy driving_policy.onnx (openpilot 0.11) or "
+                      "--model driving_supercombo.onnx (master), or the driver-monitoring model as --model dmonitoring_model.onnx")
+    return kinds.KINDS["driving"], {"vision": args.vision, "policy": args.policy}
+  flag, path = single[0]
+  contract = detect_contract(path) if Path(path).is_file() else None
+  if flag == "--dmonitoring":   # the older spelling: the file must be the DM model, which load_model_info checks
+    contract = "dmonitoring"
+  kind = kinds.of_model(contract) if contract is not None else kinds.of_model("supercombo")
+  if kind is None:
+    raise UserError(f"{path} is the {contract} half of 0.11's driving model: pass it as --{contract} with its "
+                    f"--{'policy' if contract == 'vision' else 'vision'}")
+  return kind, {kind.models[0]: path}
+
+
 def _compile(args):
   camera = parse_camera(args.camera)
-  if args.dmonitoring:
-    if args.vision or args.policy:
-      raise UserError("--dmonitoring builds an artifact of its own; compile the driving model (--vision/--policy) into another -o")
-    if args.search:
-      raise UserError("--search is the driving model's kernel search; the driver-monitoring compile has none")
-    return compile_dm_artifact(args.dmonitoring, camera, args.device, args.out, precision=args.precision, layout=args.layout,
-                               openpilot=args.openpilot or "0.11")
-  if args.openpilot == ("0.11" if args.model else "master"):
-    whose = "--model driving_supercombo.onnx is master" if args.model else "the --vision/--policy pair is 0.11"
-    raise UserError(f"--openpilot {args.openpilot}: {whose}'s driving model and builds with its flags; --openpilot chooses only "
-                    "for --dmonitoring")
-  if args.model:
-    if args.vision or args.policy:
-      raise UserError("--model is master's combined driving model, in place of 0.11's --vision/--policy pair; pass one or the other")
-    if args.search:
-      raise UserError("--search is the 0.11 driving model's kernel search; the combined model's compile has none")
-    return compile_supercombo_artifact(args.model, camera, args.device, args.out, precision=args.precision, layout=args.layout)
-  if not (args.vision and args.policy):
-    raise UserError("pass the driving model as --vision driving_vision.onnx --policy driving_policy.onnx (openpilot 0.11) or "
-                    "--model driving_supercombo.onnx (master), or the driver-monitoring model as --dmonitoring dmonitoring_model.onnx")
-  return compile_artifact(args.vision, args.policy, camera, args.device, args.out, precision=args.precision, layout=args.layout,
-                          search=args.search)
+  kind, models = _kind_and_models(args)
+  return compile_artifact(kind, models, camera, args.device, args.out, precision=args.precision, layout=args.layout, search=args.search,
+                          openpilot=args.openpilot)
 
 
 def run(args) -> int:

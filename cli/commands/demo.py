@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from artifact import kinds
 from offcar.demo import DemoOptions, print_summary, run_demo
 from selfdrive_glue.argtypes import integer, real
 from selfdrive_glue.errors import UserError
@@ -19,7 +20,8 @@ def add_arguments(p) -> None:
                  help="the random-weight reference models instead of the trained tiny stand-in: the pipeline runs the same, but "
                       "the outputs are noise and the error against the rendered road says so (--full always has random weights)")
   p.add_argument("--no-dm", action="store_true", help="without the driver camera and dmonitoringmodeld (modeld alone)")
-  p.add_argument("--contract", choices=("driving", "supercombo"), default="driving",
+  p.add_argument("--kind", "--contract", dest="kind", choices=[n for n in kinds.choices() if kinds.get(n).process == "modeld"],
+                 default=kinds.DEFAULT.name,
                  help="driving: openpilot 0.11's vision + policy pair (default); supercombo: the same weights fused into master's "
                       "combined model (24 past features, action_t, an action head), compiled with --model and served the same way")
 
@@ -29,7 +31,7 @@ def run(args) -> int:
   if args.seconds <= 0:
     raise UserError("--seconds must be positive")
   s = run_demo(DemoOptions(full=args.full, seconds=args.seconds, out=args.out, camera=args.camera, seed=args.seed,
-                           random_weights=args.random_weights, dm=not args.no_dm, contract=args.contract))
+                           random_weights=args.random_weights, dm=not args.no_dm, kind=kinds.get(args.kind).name))
   print_summary(s)
   print(f"\n  wrote {args.out / 'summary.json'} and {args.out / 'plan.png'}" + (f" and {args.out / 'dm.png'}" if not args.no_dm else ""))
   return 0 if s["frames_received"] else 1

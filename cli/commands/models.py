@@ -3,15 +3,14 @@ driving_policy.onnx), master's combined driving model (driving_supercombo.onnx, 
 driver-monitoring model (dmonitoring_model.onnx)."""
 from __future__ import annotations
 
-from compile.dm_refmodel import write_dm_model
-from compile.refmodels import write_models
-from compile.supercombo_refmodel import write_supercombo_model
+from artifact import kinds
+from compile.programs import recipe_of
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
 
 
 def add_arguments(parser) -> None:
-  parser.add_argument("--contract", choices=("driving", "supercombo", "dmonitoring"), default="driving",
+  parser.add_argument("--kind", "--contract", dest="kind", choices=kinds.choices(), default=kinds.DEFAULT.name,
                       help="driving: 0.11's vision + policy pair (default); supercombo: master's combined driving model (the pair of "
                            "this seed fused into one graph, with an action head); dmonitoring: the driver-monitoring model")
   parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: the shipped size class "
@@ -26,12 +25,7 @@ def run(args) -> int:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
   if args.stand_in and args.size != "tiny":
     raise UserError("--stand-in is the trained tiny model; it has no full size (drop --stand-in or use --size tiny)")
-  if args.contract == "dmonitoring":
-    written = {"dmonitoring": write_dm_model(args.output, args.size, args.seed, stand_in=args.stand_in)}
-  elif args.contract == "supercombo":
-    written = {"supercombo": write_supercombo_model(args.output, args.size, args.seed, stand_in=args.stand_in)}
-  else:
-    written = write_models(args.output, args.size, args.seed, stand_in=args.stand_in)
+  written = recipe_of(kinds.get(args.kind)).write_models(args.output, args.size, args.seed, stand_in=args.stand_in)
   weights = "stand-in" if args.stand_in else f"seed={args.seed}"
   for kind, w in written.items():
     print(f"{w.path}  {kind} {args.size} {weights}  {w.bytes / 1e6:.2f} MB  {w.macs / 1e6:.1f} M MACs  {w.params / 1e6:.2f} M params")

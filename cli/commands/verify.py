@@ -1,7 +1,7 @@
 """`modeld-msm verify DIR`: integrity, versions and device of an artifact, without unpickling it."""
 from __future__ import annotations
 
-from artifact.format import DEVICES, KIND_NAMES, verify_artifact
+from artifact.format import DEVICES, verify_artifact
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import parse_camera
 
@@ -20,7 +20,7 @@ def run(args) -> int:
                         pubkey=args.pubkey)
   m = art.meta
   print(f"{art.path}: OK")
-  print(f"  kind     {art.kind}: the {KIND_NAMES[art.kind]}")
+  print(f"  kind     {art.kind}: the {art.spec.title}")
   print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}")
   print(f"  renderer {m['renderer']}  arch {m['arch']}  host {m['host']}")
   if prec := m.get("precision"):

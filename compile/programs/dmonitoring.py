@@ -1,0 +1,76 @@
+"""The driver-monitoring model: dmonitoring_model.onnx behind the DM warp as one program (compile/dm_program.py), no state
+between frames, so every step is a full one; built with the flags of either openpilot release (it runs in both)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from artifact.kinds import Kind
+from artifact.load import frame_tensor
+from compile import one_model
+from compile.checks import StepInputs
+from compile.dm_program import DMProgram
+from compile.onnx_model import OnnxModelInfo
+from selfdrive_glue.camera import dm_warp_matrix
+from selfdrive_glue.nv12 import NV12Info
+
+STEPS = 6
+# tinygrad CI's figure for the DM model on a comma device (docs/anchors.md), shown beside our estimate
+CI_DM_MS = 11.0
+
+
+class Recipe:
+  plan = "P" * STEPS
+
+  def __init__(self, kind: Kind):
+    self.kind = kind
+
+  def write_models(self, out: str | Path, size: str, seed: int, stand_in: bool = False) -> dict[str, Any]:
+    """The reference driver-monitoring model (compile/dm_refmodel.py)."""
+    from compile.dm_refmodel import write_dm_model
+    return {"dmonitoring": write_dm_model(out, size, seed, stand_in=stand_in)}
+
+  def contract_line(self, infos: dict[str, OnnxModelInfo]) -> str:
+    info = infos["dmonitoring"]
+    return (f"dmonitoring out {info.output_width}, {len(info.output_slices)} slices"
+            + ("" if "sleep_prob_lhd" in info.output_slices else " (no sleep_prob: the 0.11.0 layout)"))
+
+  def search(self, device: str, compute: str, layout: bool, camera: tuple[int, int], infos: dict[str, OnnxModelInfo],
+             search: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    return None, None
+
+  def build(self, infos: dict[str, OnnxModelInfo], nv: NV12Info, device: str, compute: str, layout: bool) -> DMProgram:
+    return one_model.build(DMProgram, infos["dmonitoring"], nv, device, compute, layout, "dmonitoring")
+
+  def runners(self, prog: DMProgram) -> dict[str, Any]:
+    return {"dmonitoring": prog.model}
+
+  def unjitted(self, prog: DMProgram) -> dict[str, Any]:
+    return {"step": prog.run}
+
+  def jits(self, prog: DMProgram) -> dict[str, Any]:
+    return {"step": prog.jit()}
+
+  def inputs(self, nv: NV12Info, device: str, seed: int) -> list[dict[str, Any]]:
+    """Frames rotating through 3 buffers, the camera's warp matrix jittered, calib varying."""
+    rng = np.random.default_rng(seed)
+    frames = [rng.integers(0, 256, nv.size, dtype=np.uint8) for _ in range(3)]
+    tensors = [frame_tensor(f, device) for f in frames]
+    base = dm_warp_matrix(nv.width)
+    m_inv = [base + np.array([[0, 0, rng.normal(0, 8)], [0, 0, rng.normal(0, 8)], [0, 0, 0]], np.float32) for _ in range(STEPS)]
+    calib = [rng.normal(0, 0.05, (1, 3)).astype(np.float32) for _ in range(STEPS)]
+    return StepInputs(({"frame": tensors[i % 3], "m_inv": m_inv[i], "calib": calib[i]} for i in range(STEPS)), frames)
+
+  def jit_line(self, runs: int) -> str:
+    return f"warp + model outputs bit-exact over {STEPS} frames, rotating buffers, calib and warp varied"
+
+  def reload_line(self) -> str:
+    return f"DM JIT reloaded: outputs bit-exact over {STEPS} frames"
+
+  def ci_line(self, ms: float) -> str | None:
+    return f"estimate {ms:.2f} ms per frame; tinygrad CI's DM on a comma device: < {CI_DM_MS:g} ms"
+
+  def meta(self, prog: DMProgram, use_layout: bool, layout_why: str, searched: dict[str, Any] | None, search_why: str | None) -> dict[str, Any]:
+    return {"cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites}, "validation": {"steps": STEPS}}
