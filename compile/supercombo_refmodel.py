@@ -1,6 +1,6 @@
 """openpilot master's combined driving model (`driving_supercombo.onnx`, PR #38173) made from a 0.11 vision + policy pair.
 
-Master ships one graph where 0.11 shipped two (docs: openpilot-master-and-dm.md §A.2-A.3): inputs img, big_img (uint8
+Master ships one graph where 0.11 shipped two (docs/openpilot-master-and-dm.md §A.2-A.3): inputs img, big_img (uint8
 (1,12,128,256)), features_buffer (1,24,512) holding the 24 *past* hidden states, desire_pulse (1,25,8), traffic_convention
 (1,2) and action_t (1,2) = [lateral, longitudinal] action delay in seconds; one output (1,2580) whose output_slices put the
 vision heads, the plan, desire_state, an `action` head, the hidden state and a pad in master's order.
