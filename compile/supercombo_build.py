@@ -5,8 +5,9 @@ artifact of kind "supercombo" (compile/supercombo_program.py), with the driving 
      frame's hidden state to come back as a past feature, frames rotating through buffers, host inputs and action_t varied;
   3. the pickled JITs, loaded back, reproduce them exactly (QCOM: executed on the emulated a630, strict BO validation, the
      per-kernel a630 time estimate beside tinygrad CI's figures for this model).
-modeld serves such an artifact (modeld_msm/model_state.py: one output, action_t fed from the delays) and replay replays it;
-release, install and the demo do not take it yet (issue 27).
+modeld serves such an artifact (modeld_msm/model_state.py: one output, action_t fed from the delays), replay replays it,
+`release --model` bundles it, `install` installs such a bundle into either openpilot layout, and `demo --contract
+supercombo` runs it.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from selfdrive_glue.nv12 import NV12Info, nv12_info
 
 # 8 runs: from the 5th on, a past feature the program fed back itself is among the model's inputs
 STEP_PLAN = "PPWPPWPPPP"
-# tinygrad CI's figures for this model on a comma device (issue 27): Qualcomm's compiler, and IR3 (the open one vamOS has)
+# tinygrad CI's figures for this model on a comma device (docs/openpilot-master-and-dm.md §C): Qualcomm's compiler, and IR3 (the open one vamOS has)
 CI_MS = {"QCOM compiler": 26.0, "IR3": 41.0}
 
 

@@ -8,7 +8,7 @@ vision heads, the plan, desire_state, an `action` head, the hidden state and a p
 `fuse` wires the two models of a pair into that graph: the vision's hidden_state is appended to the past features as the
 25th row the policy reads (the graph "appends the current frame's feature itself"), and the outputs are re-sliced into
 master's layout. So the reference pair, and the trained stand-in pair, have a combined twin whose outputs on the same
-inputs are the split pipeline's: the equivalence check issue 27 asks for has something to compare against. The action
+inputs are the split pipeline's: the equivalence check (test_supercombo_compile) has something to compare against. The action
 head is ours (master's weights are not public): computed from the plan's first point and action_t, lateral acceleration
 = v0 * yaw_rate0 + 0.05 * lat_action_t and acceleration = a0 - 0.1 * long_action_t, so a swapped action_t shows.
 
