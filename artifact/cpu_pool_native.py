@@ -2,8 +2,8 @@
 
 artifact/cpu_threads.py runs a kernel's THREAD parts on all cores. Its Python pool hands a part to a worker through a
 semaphore, and the worker, asleep in the kernel, takes a cross-core wake-up to start it, the caller another to learn it
-finished: ~95 us a kernel on the 2-core EPYC VM (the kernel itself can take 2 us), and a step runs ~100 split kernels.
-Here the hand-off is a shared counter:
+finished, which can cost far more than a small kernel itself, and a step runs about a hundred split kernels (the
+measurements: docs/performance-cpu.md §5). Here the hand-off is a shared counter:
   * the caller writes the part's arguments into the worker's lane, bumps `go`, runs its own part, then watches `done`;
   * a worker watches `go`, runs its part, and sets `done`;
   * both watch by spinning for a bounded time, then sleep on a futex, so an idle process costs no CPU: a worker spins for

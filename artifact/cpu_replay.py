@@ -1,13 +1,13 @@
 """Replay a loaded CPU TinyJit with its calls resolved once, not on every step.
 
 tinygrad 0.14 replays a captured JIT by interpreting its linear program on each call: per kernel it pattern-matches the
-call, resolves every argument to a buffer, checks allocation, finds the runtime and updates its counters. On the 2-core
-EPYC that is ~60 us of Python per kernel, 7-12 ms of a full-model step of 149 kernel calls (the calls timed one by one,
-against the step's wall time). The kernels, their order, their arguments and their launch sizes never change between
-calls of a loaded artifact; only the JIT's inputs (the camera frames and the host tensors) do. So `CpuReplay` resolves
-each call once, keeps the buffers that do not depend on an input, resolves the few that do on each step, and calls the
-same runtime objects tinygrad would, in the same order: the same machine code on the same bytes. Anything it does not
-know (a copy, a graph, a multi-device buffer, symbolic sizes) is run by tinygrad's own executor for that call.
+call, resolves every argument to a buffer, checks allocation, finds the runtime and updates its counters: Python time
+for every kernel of every step, a sizeable part of a full-model step on a small CPU (docs/performance-cpu.md §4). The
+kernels, their order, their arguments and their launch sizes never change between calls of a loaded artifact; only the
+JIT's inputs (the camera frames and the host tensors) do. So `CpuReplay` resolves each call once, keeps the buffers that
+do not depend on an input, resolves the few that do on each step, and calls the same runtime objects tinygrad would, in
+the same order: the same machine code on the same bytes. Anything it does not know (a copy, a graph, a multi-device
+buffer, symbolic sizes) is run by tinygrad's own executor for that call.
 
 MODELD_CPU_REPLAY=0 keeps tinygrad's executor (A/B runs).
 """

@@ -21,7 +21,7 @@ from artifact.cpu_pool_native import MAX_ARGS, MAX_PARTS
 
 _pool: _Pool | None = None
 # how a split kernel's parts run: "parallel", "serial", or "auto" (each kernel measures both ways on its first calls and
-# keeps the faster; on the 2-core EPYC it measured no better than parallel, run-to-run noise being larger than the gain);
+# keeps the faster; measured no better than parallel, run-to-run noise being larger than the gain: docs/performance-cpu.md §3);
 # MODELD_CPU_PARTS, for A/B runs
 _MODE = os.environ.get("MODELD_CPU_PARTS", "parallel")
 if _MODE not in ("auto", "parallel", "serial"):
@@ -29,8 +29,8 @@ if _MODE not in ("auto", "parallel", "serial"):
 
 
 # worker i stays on its own core (the (i+1)-th the process may use): left to the scheduler, a woken worker can land on
-# the core of the thread that woke it, which then runs both parts in turn (full step, one run: 63.2 ms pinned, 67.4 ms
-# left to the scheduler; unpinned runs swung 62-84 ms); MODELD_CPU_PIN=0 leaves placement to the scheduler. The caller
+# the core of the thread that woke it, which then runs both parts in turn (unpinned steps are slower and vary more:
+# docs/performance-cpu.md §3); MODELD_CPU_PIN=0 leaves placement to the scheduler. The caller
 # is never pinned.
 _PIN = os.environ.get("MODELD_CPU_PIN", "1") != "0"
 

@@ -180,8 +180,8 @@ class _CanonicalPickler(_PyPickler):
   dispatch = dict(_PyPickler.dispatch)
 
   def __init__(self, f, slots: dict[tuple, int], scratch: set[int]):
-    # protocol 4 like pickle.dumps gave before: the same opcodes and globals (jit_pickle_allowlist.json), so artifacts stay
-    # loadable across this change
+    # protocol 4, as pickle.dumps writes: the same opcodes and globals (jit_pickle_allowlist.json), so artifacts written
+    # either way load alike
     super().__init__(f, protocol=4)
     from tinygrad.device import Buffer
     from tinygrad.uop.ops import UOp

@@ -108,8 +108,8 @@ def frame_tensor(buf: np.ndarray, device: str):
 
 def read_output(t: Tensor) -> np.ndarray:
   """A program output's values on the host, flat, copied straight out of its device buffer. Tensor.numpy() schedules and
-  runs a copy program on every call: ~0.37 ms of host time per output on the 2-core EPYC, two outputs a frame, and on the
-  H200 host the gap between one step's latency and its GPU time (bench/bench_gpu.py). Every tinygrad allocator's copyout
+  runs a copy program on every call, host time paid for each output of every frame (measured in docs/performance-cpu.md
+  §6 and docs/gpu.md). Every tinygrad allocator's copyout
   synchronises the device first, so this is the same read. Falls back to numpy() for anything but a whole, realized buffer."""
   from tinygrad.device import Buffer
   from tinygrad.helpers import prod

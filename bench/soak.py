@@ -285,7 +285,7 @@ def main() -> int:
     return modeld_child(sys.argv[4:], sys.argv[2])
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--config", choices=["cpu", "emu-a", "emu-b"], action="append", help="default: cpu")
-  ap.add_argument("--frames", type=int, default=2000, help="the issue asks 10,000; 2,000 is ~100 s at 20 Hz")
+  ap.add_argument("--frames", type=int, default=2000, help="frames to offer (an hours-long soak: 10,000; 2,000 is ~100 s at 20 Hz)")
   ap.add_argument("--artifact", type=Path, help="QCOM artifact for emu-a/emu-b (CPU: the demo's cached tiny artifact)")
   ap.add_argument("--sample-s", type=float, default=2.0)
   ap.add_argument("--seconds", type=float, help="stop after this many seconds of publishing too (level B does not keep 20 Hz)")

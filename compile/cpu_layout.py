@@ -1,20 +1,17 @@
 """Layout choices for CPU artifacts: the same function, laid out so tinygrad 0.14's CPU code is not starved by memory.
 
-Measured on the full reference models (2-core AMD EPYC, fp32, bench/bench_compile.py --profile):
+What each choice does (the measurements are in docs/performance-cpu.md §6):
   * weights of Gemm and of MatMul with a 2-D constant right operand are stored transposed (Gemm transB=1; MatMul reads
     Transpose(W^T)). The per-frame products there are matrix-vector (1 row) or nearly so: with W as (in, out) every output
     block walks the whole matrix in 16-byte pieces, one cache line per row; with W^T each output reads one contiguous row.
-    The vision trunk's 8192x1024 Gemm went from 19 ms to a few, and the policy's 6400x1792 likewise.
-  * a dense spatial convolution (group 1, kernel larger than 1x1) is materialised by itself: left lazy, tinygrad fused
-    both 12-channel stems, their Concat and the first normalisation into one kernel with two reductions (53 ms, against
-    about 8 ms per stem alone).
+  * a dense spatial convolution (group 1, kernel larger than 1x1) is materialised by itself: left lazy, tinygrad fuses
+    both 12-channel stems, their Concat and the first normalisation into one kernel with two reductions, far slower than
+    the stems apart.
   * every Elu runs as a kernel of its own, its input and output materialised. tinygrad expands exp into a polynomial
     of scalar C; fused into a convolution's epilogue it sits inside the register tile (upcast) code, which clang leaves
-    scalar, while a plain elementwise loop is vectorised by clang's loop vectoriser. The 96->288 pointwise convolution
-    at 32x64 with its Elu: 2.38 ms fused, 1.17 ms (97 GFLOP/s) + 0.31 ms apart; the Elu alone with a 16-wide upcast
-    takes 1.03 ms.
-  * a pointwise (1x1) convolution with constant weights runs as our register-blocked C kernel (compile/cpu_pointwise.py):
-    tinygrad's own reaches about half of it. Its weights are padded once, when the op first runs (before the JIT
+    scalar, while a plain elementwise loop is vectorised by clang's loop vectoriser.
+  * a pointwise (1x1) convolution with constant weights runs as our register-blocked C kernel (compile/cpu_pointwise.py),
+    faster than tinygrad's own for these shapes. Its weights are padded once, when the op first runs (before the JIT
     captures), and captured as constants. Where an Elu is its only reader, the kernel applies it as it stores
     (fuse_conv_elu), saving the Elu's own pass over the output.
 The rewrites are exact (a transpose moves values; a realisation boundary changes no arithmetic) and the compile step's

@@ -1,9 +1,9 @@
 """Pointwise (1x1) convolutions of CPU artifacts as a register-blocked C kernel, handed to tinygrad as a custom kernel.
 
 The 1x1 convolutions are ~90 % of the vision model's FLOPs. tinygrad 0.14's C renderer gives them a tile of scalar
-accumulators fed by at most 4-wide loads, and clang rebuilds 4-wide FMAs from that. On the 2-core AMD EPYC, caches
-evicted as a step leaves them, the 96->288 convolution at 32x64 ran at 38 GFLOP/s with tinygrad's BEAM=1 kernel and 68
-with this one; all 16 of a vision call took 40.3 ms against 20.3 (bench/bench_pointwise.py prints the table).
+accumulators fed by at most 4-wide loads, and clang rebuilds 4-wide FMAs from that; keeping a whole tile of vector
+accumulators in registers does better (bench/bench_pointwise.py compares the two per shape; measured in
+docs/performance-cpu.md §5).
 
 The kernel computes out[co, p] = bias[co] + sum_ci w[co, ci] * x[ci, p] over NCHW buffers (batch 1, p the pixel):
   * a tile of MR output channels x NV vectors of pixels lives in registers for the whole ci loop, so each x vector loaded
@@ -28,7 +28,7 @@ import numpy as np
 from artifact import cpu_threads
 
 # a tile is MR output channels x NV vectors of VW pixels, per ISA: AVX-512 6x4 of 16 lanes (24 of its 32 vector registers;
-# 6x4 ran 1.0-1.5x faster than 12x2, 6x2, 4x4 or 3x8 on every shape of the model), AVX/AVX2 6x2 of 8 (12 of 16),
+# 6x4 was the fastest of 12x2, 6x2, 4x4 and 3x8 on every shape of the model), AVX/AVX2 6x2 of 8 (12 of 16),
 # SSE/NEON 6x2 of 4
 _HEADER = """\
 #if defined(__AVX512F__)

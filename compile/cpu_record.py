@@ -3,7 +3,7 @@ table and how a compile uses it). Tools for us, run by hand on the machine a set
 
   .venv/bin/python -m compile.cpu_record record --size full --beam 1   # minutes to an hour; appends/replaces one set
   .venv/bin/python -m compile.cpu_record tune --size full --top 12     # then a steadier look at the slowest kernels (cpu_tune.py)
-  .venv/bin/python -m compile.cpu_record record --device CUDA          # a GPU's set (the H200's: ~5 min), keyed by its arch
+  .venv/bin/python -m compile.cpu_record record --device CUDA          # a GPU's set, keyed by its arch
   .venv/bin/python -m compile.cpu_record rekey                         # after an edit of KERNEL_SOURCES meant to keep the kernels
 """
 from __future__ import annotations

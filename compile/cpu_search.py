@@ -2,8 +2,9 @@
 never pays it.
 
 tinygrad picks each kernel's optimisations (upcasts, unrolls, ...) by a hand-written heuristic, or by timing candidates
-(BEAM=n). On the 2-core AMD EPYC the heuristic leaves fp32 matrix products at 10-16 GFLOP/s where BEAM=1 finds 50; but a
-search of the full models takes tens of minutes there, far over the 3-minute compile budget. So we search once
+(BEAM=n). The search finds much faster kernels than the heuristic for the models' fp32 matrix products, but a search of
+the full models takes tens of minutes on a small box, far over the 3-minute compile budget (the figures:
+docs/performance-cpu.md §2 and §6). So we search once
 (`record`, below), export what tinygrad's search cache holds (per kernel: the AST's key and the chosen opts) into
 cpu_search_table.json, and a compile whose kernels are those of a recorded set (same tinygrad, device, models, camera,
 precision and layout) loads the set into tinygrad's own search cache (tinygrad.helpers.diskcache_put, the table beam
@@ -11,8 +12,8 @@ search reads first) and captures under BEAM: every kernel is then a cache hit, c
 A compile of anything else keeps the heuristic: a miss under BEAM would start the search the table exists to avoid.
 
 A GPU set (CUDA/NV/AMD) works the same way and is keyed by the GPU's architecture (tinygrad's Device.arch, e.g. sm_90):
-on an H200 tinygrad's heuristic opts leave the fused step at ~1.5x PyTorch's CUDA graph, and a BEAM=1 search there is 5
-minutes of a user's compile whose result varies from run to run with the timings it sees. A GPU set is used only on the
+a search there would cost minutes of a user's compile and its result varies from run to run with the timings it sees
+(what the shipped GPU set gains: docs/gpu.md). A GPU set is used only on the
 architecture it was timed on (there is no "nearest" GPU to borrow from).
 
 The table is JSON (op names and integers), not pickles: it is reviewed data, and loading it runs nothing.

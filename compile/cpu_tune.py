@@ -1,8 +1,8 @@
 """A second, steadier look at the kernels that take most of a recorded search set's step (maintainers only, like `record`).
 
 BEAM=1 is greedy: from no opts it takes whichever single action times best, three runs each, and stops when nothing
-helps. On the 2-core EPYC it left the full models' top pointwise convolution on one core with a 1x16 register tile
-(6.9 ms a call): an 8x8 tile split over both cores takes 3.2 ms, but no single step leads there. So for the slowest
+helps, so it can stop where no single step improves, e.g. with a kernel on one core and a narrow register tile where a
+square tile split over both cores is twice as fast (docs/performance-cpu.md §2). So for the slowest
 kernels of one step this times a grid of register tiles (upcasts of two output axes), reduce unrolls and the thread
 split, re-times the best few against the recorded opts in interleaved rounds (the box's speed drifts between minutes, so
 only a comparison made in the same minutes counts) and keeps a candidate only if its median wins by a margin. Those
@@ -10,11 +10,10 @@ kernels' opts are replaced in the set; the others stay as recorded, and the set'
 
 Every call is timed with the caches as the kernel meets them inside a step, not as a loop of calls leaves them: all
 levels evicted, then the kernel's inputs read (the kernels before it just wrote them) and its output left cold. A loop
-keeps the output hot, which ranks tiles differently: the 96->288 pointwise convolution at 32x64 took 1.25 ms with an
-8x8 tile in a loop, 1.92 ms evicted this way and 1.83 ms in the step; for the 288->96 one a 4x16 tile timed best in a loop
-and 60 % slower than 8x8 evicted.
+keeps the output hot, which ranks tiles differently, and the evicted time is the one that agrees with the step
+(docs/performance-cpu.md §4).
 
-  .venv/bin/python -m compile.cpu_record tune --size full --top 12   # ~30 s a kernel on 2 cores
+  .venv/bin/python -m compile.cpu_record tune --size full --top 12
 """
 from __future__ import annotations
 
@@ -202,7 +201,7 @@ def _legal(k: Kernel, opts: tuple) -> bool:
 
 def _window(k: Kernel) -> tuple:
   """Full unrolls of the short reduce axes (a convolution's 3x3 window), the last first so the others keep their index.
-  The stems' 12-channel 3x3 convolution ran 2.3x faster with its window unrolled; BEAM=1 and the tile grid alone missed it."""
+  The stems' 12-channel 3x3 convolution is much faster with its window unrolled, which BEAM=1 and the tile grid alone miss."""
   from tinygrad.codegen.opt import Opt, OptOps
   s = k.base
   short = [j for j, ax in enumerate(s.unrollable_dims) if s.full_shape[ax] <= WINDOW]

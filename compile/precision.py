@@ -4,7 +4,7 @@ in fp16 (native) unless fp32 is asked for.
 openpilot's models are fp16 inside. tinygrad's C renderer stores fp16 as clang's `__fp16`, a storage-only type: clang
 computes every `__fp16` op in fp32 with a conversion on each side (vcvtph2ps/vcvtps2ph), and its sums accumulate in fp32
 anyway. So even a CPU with native fp16 arithmetic (x86 AVX512-FP16, Arm FEAT_FP16) runs the fp16 graph slower than the same
-graph in fp32, which vectorises: measured 3-4x on an AMD EPYC without it, 1.2x on a Xeon with AVX512-FP16 (README). The
+graph in fp32, which vectorises (measured on CPUs with and without it: docs/performance-cpu.md §1). The
 compile step therefore rewrites the graph to fp32 for every CPU (weights widened exactly, fp16 casts turned into fp32 ones);
 the numerics check against onnxruntime still runs on the original fp16 model, with the same tolerance. The CPU's fp16
 support is still detected and recorded, so the choice can be revisited if tinygrad's renderer changes (a test watches it).

@@ -1,7 +1,7 @@
 """Checks `compile` runs before the heavy work: can the device be opened here, and will both runtimes take the models.
 
 Each failure is one UserError naming what is wrong, instead of a traceback from deep inside tinygrad or onnxruntime
-that used to come only after the models were loaded and run (tens of seconds for the full-size ones).
+that would come only after the models were loaded and run (tens of seconds for the full-size ones).
 """
 from __future__ import annotations
 

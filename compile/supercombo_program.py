@@ -1,7 +1,7 @@
 """The per-frame program of master's combined driving model, all on the device: warp -> image queues -> desire queue ->
 the 24 past features -> driving_supercombo.onnx -> this frame's hidden state into the feature queue.
 
-Master's modeld (docs: openpilot-master-and-dm.md §A.4-A.5) keeps a 96-row queue of past hidden states, samples every 4th
+Master's modeld (docs/openpilot-master-and-dm.md §A.4-A.5) keeps a 96-row queue of past hidden states, samples every 4th
 row (h(t-96) ... h(t-4)), runs the model (which appends h(t) itself) and then sends h(t) back to the host to push it at the
 next frame: "a stated workaround, corrupt on QCOM for now". Here h(t) stays on the device and is pushed at the end of this
 frame's run; the next run samples the same rows master's would (the queue then holds h(t-95) ... h(t)). A dropped frame

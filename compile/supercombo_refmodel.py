@@ -1,6 +1,6 @@
 """openpilot master's combined driving model (`driving_supercombo.onnx`, PR #38173) made from a 0.11 vision + policy pair.
 
-Master ships one graph where 0.11 shipped two (docs: openpilot-master-and-dm.md §A.2-A.3): inputs img, big_img (uint8
+Master ships one graph where 0.11 shipped two (docs/openpilot-master-and-dm.md §A.2-A.3): inputs img, big_img (uint8
 (1,12,128,256)), features_buffer (1,24,512) holding the 24 *past* hidden states, desire_pulse (1,25,8), traffic_convention
 (1,2) and action_t (1,2) = [lateral, longitudinal] action delay in seconds; one output (1,2580) whose output_slices put the
 vision heads, the plan, desire_state, an `action` head, the hidden state and a pad in master's order.
@@ -8,7 +8,7 @@ vision heads, the plan, desire_state, an `action` head, the hidden state and a p
 `fuse` wires the two models of a pair into that graph: the vision's hidden_state is appended to the past features as the
 25th row the policy reads (the graph "appends the current frame's feature itself"), and the outputs are re-sliced into
 master's layout. So the reference pair, and the trained stand-in pair, have a combined twin whose outputs on the same
-inputs are the split pipeline's: the equivalence check issue 27 asks for has something to compare against. The action
+inputs are the split pipeline's: the equivalence check (test_supercombo_compile) has something to compare against. The action
 head is ours (master's weights are not public): computed from the plan's first point and action_t, lateral acceleration
 = v0 * yaw_rate0 + 0.05 * lat_action_t and acceleration = a0 - 0.1 * long_action_t, so a swapped action_t shows.
 

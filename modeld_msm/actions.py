@@ -88,7 +88,7 @@ def action_times(long_actuator_delay: float, lateral_delay: float) -> tuple[floa
 
 
 def model_action_t(long_delay: float, lat_delay: float) -> np.ndarray:
-  """master's combined model's action_t input: [[lat_action_t, long_action_t]], s (docs: openpilot-master-and-dm.md §A.6)."""
+  """master's combined model's action_t input: [[lat_action_t, long_action_t]], s (docs/openpilot-master-and-dm.md §A.6)."""
   long_t, lat_t = action_times(long_delay, lat_delay)
   return np.array([[lat_t, long_t]], np.float32)
 

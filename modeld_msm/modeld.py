@@ -3,8 +3,8 @@
 Reads like openpilot's selfdrive/modeld/modeld.py, split where a second model process shares the work: this file says
 what the driving model is (its services, its realtime slot, which cameras it reads, its car parameters);
 modeld_msm/runner.py is the process loop (streams, pairing, SubMaster/PubMaster, realtime, clean exit); the step
-itself is modeld_msm/core.py. Run by openpilot's manager as `python -m modeld_msm.modeld` (or `selfdrive.modeld.modeld`
-via the shim in release/), or as `modeld-msm serve`.
+itself is modeld_msm/core.py. Run by openpilot's manager as `python -m modeld_msm.modeld`, through the launcher
+`modeld-msm install` writes (release/install.py), or as `modeld-msm serve`.
 """
 from __future__ import annotations
 

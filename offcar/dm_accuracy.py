@@ -11,7 +11,7 @@ import numpy as np
 
 from selfdrive_glue.cabin_render import CabinScene, CabinTruth
 
-# the bars a run must clear (the aims; the shipped stand-in reaches ~1.4 deg / 1.0 / 1.0 on held-out cabins)
+# the bars a run must clear (what the shipped stand-in reaches on held-out cabins: docs/stand-in.md §2)
 FACE_ORIENTATION_LIMIT_DEG = 5.0
 FACE_PROB_AUC_LIMIT = 0.95
 BLINK_ACCURACY_LIMIT = 0.9

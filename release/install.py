@@ -86,7 +86,7 @@ class Entry:
     return f'NativeProcess("{self.name}", "{INSTALL_REL}", ["./{self.name}"], {self.should_run}{rest})'
 
 
-# openpilot master moved its tree under an `openpilot/` package (issue 27): the process table is then
+# openpilot master moved its tree under an `openpilot/` package (docs/openpilot-master-and-dm.md §B.1): the process table is then
 # openpilot/system/manager/process_config.py, and the manager's BASEDIR (which NativeProcess paths are relative to) is that
 # package folder, the one holding system/. Everything here is relative to that folder, whichever layout it is.
 PREFIXED = Path("openpilot")

@@ -50,7 +50,7 @@ _TABLE: dict[str, tuple[bool, float, int | None, int]] = {
   "livestreamRoadEncodeData": (False, 20., None, MEDIUM), "livestreamDriverEncodeData": (False, 20., None, MEDIUM),
   "customReservedRawData0": (True, 0., None, SMALL), "customReservedRawData1": (True, 0., None, SMALL),
   "customReservedRawData2": (True, 0., None, SMALL),
-  # the newest master's name for liveCalibration (openpilot-master-and-dm.md B.8): the same rate, a queue of its own name
+  # the newest master's name for liveCalibration (docs/openpilot-master-and-dm.md §B.8): the same rate, a queue of its own name
   "extrinsicsCalibration": (True, 4., 4, SMALL),
 }
 

@@ -1,4 +1,4 @@
-"""msgq and VisionIPC wire layouts as fixed bytes, from ../shared/docs/openpilot-ipc.md §3.1 and §4 (not from our constants).
+"""msgq and VisionIPC wire layouts as fixed bytes, from docs/openpilot-ipc.md §3.1 and §4 (not from our constants).
 
 Every offset and size below is a literal copied from the doc, so a swapped or mistyped constant in selfdrive_glue/msgq.py
 or visionipc.py fails here even where our own reader and writer would agree with each other (and the C++ interop tests,

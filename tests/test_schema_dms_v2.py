@@ -1,6 +1,6 @@
 """driverMonitoringState after openpilot PR #37799 ("DriverMonitoringState v2", April 2026): the service's Events carry
 a new struct at Event @151 (isRHD is its field @7); @71 became driverMonitoringStateDEPRECATED. No reference copy of that
-schema is stored, so the newest upstream set is rebuilt here from the facts (../shared/docs/openpilot-ipc.md §0 and
+schema is stored, so the newest upstream set is rebuilt here from the facts (docs/openpilot-ipc.md §0 and
 §1.2): the stored master-2026-04-15 set with @71 renamed and @151 added, its struct declared field by field. Bytes
 written with it must reach modeld's SubMaster with isRHD intact, under our own schema."""
 import os

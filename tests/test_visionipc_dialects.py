@@ -1,4 +1,4 @@
-"""The VisionIPC stream-list request in both dialects openpilot ships (facts: ../shared/docs/openpilot-ipc.md §4.1):
+"""The VisionIPC stream-list request in both dialects openpilot ships (facts: docs/openpilot-ipc.md §4.1):
 - msgq as pinned by openpilot 0.11: request int32 4 (VISION_STREAM_MAX), reply int32 ids;
 - msgq after "Remove camera knowledge from visionipc" (0e266c1): request uint32 0xffffffff, reply up to 64 uint32 ids,
   and 4 is an ordinary stream id.

@@ -197,7 +197,7 @@ class Images:
     before the widening to fp32; lanes a mask leaves out are read too, harmlessly: they are inside the image)."""
     img = self._get(self._tex, self.d.textures, slot, "texture")
     if (rows := self._rows.get(slot)) is None:
-      # texels as rows of 4 components, row y*stride + x (np.take over rows is ~3x faster than 2-D fancy indexing)
+      # texels as rows of 4 components, row y*stride + x (np.take over rows is much faster than 2-D fancy indexing)
       stride = img.pitch // img.texel if img.pitch % img.texel == 0 else 0
       n = (img.height - 1) * stride + img.width if stride else 0
       rows = self._rows[slot] = (np.ndarray((n, 4), img.dtype, img.data, 0, (img.texel, img.texel // 4)) if stride else

@@ -1,8 +1,8 @@
 """Straight runs of a block's ALU, move and texture instructions, executed in C over every lane of a batch.
 
 The closures of compiled.py still pay numpy's per-call cost once per instruction, and tinygrad's kernels run a few
-thousand lanes per batch: a `mad.f32` moved ~4k lanes in ~3.4 us, an `isam` ~2.7k texels in ~40 us (most of it numpy's
-fp16 -> fp32 cast), so a full model step spent its time in the Python/numpy layer, not in arithmetic. Here each run of
+thousand lanes per batch, so per-instruction numpy calls (and, for `isam`, numpy's fp16 -> fp32 cast) leave a full model
+step's time in the Python/numpy layer, not in arithmetic (measured: docs/emulator-speed.md). Here each run of
 consecutive instructions that are pure functions of registers (cat1 moves/conversions between 32-bit types, the cat2/cat3
 ALU ops on full registers, 2D `isam` into full registers) becomes a list of micro-ops; one C call walks the lanes in
 chunks of 256 and applies them in order. Lanes are independent for these instructions (no memory writes, no cross-lane
