@@ -348,7 +348,8 @@ def local_rows(artifact: Path) -> None:
       sys.path.insert(0, {str(REPO)!r})
       signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
       resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-      from artifact.format import METADATA, POLICY_PKL, WARP_PKL, write_artifact
+      from artifact.format import METADATA, write_artifact
+      from artifact.kinds import POLICY_PKL, WARP_PKL
       from selfdrive_glue.errors import UserError
       src = Path({str(artifact)!r})
       try:

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import clone_artifact, rewrite_file
 
-from artifact.format import MANIFEST, METADATA, POLICY_PKL, WARP_PKL, ArtifactError, verify_artifact
+from artifact.format import MANIFEST, METADATA, ArtifactError, verify_artifact
+from artifact.kinds import POLICY_PKL, WARP_PKL
 from artifact.load import load_programs
 from modeld_msm.model_state import ModelState
 

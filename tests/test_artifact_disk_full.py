@@ -33,7 +33,8 @@ def _files(root: Path) -> list[str]:
 WRITE = textwrap.dedent("""
   import sys
   sys.path.insert(0, {repo!r})
-  from artifact.format import POLICY_PKL, WARP_PKL, write_artifact
+  from artifact.format import write_artifact
+  from artifact.kinds import POLICY_PKL, WARP_PKL
   from selfdrive_glue.errors import UserError
   try:
     write_artifact({out!r}, {{POLICY_PKL: bytes(range(256)) * 4096, WARP_PKL: b"w" * 1000}}, {{"format": 1}})

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import clone_artifact, rewrite_file, stop_process
 
-from artifact.format import MANIFEST, METADATA, POLICY_PKL, WARP_PKL, ArtifactError, verify_artifact
+from artifact.format import MANIFEST, METADATA, ArtifactError, verify_artifact
 from artifact.jit_pickle import ALLOWLIST, PickleRefused, allowed_classes, unpickle_programs
+from artifact.kinds import POLICY_PKL, WARP_PKL
 from artifact.load import load_programs
 
 pytestmark = pytest.mark.xdist_group("cpu_artifact_1928")

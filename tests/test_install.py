@@ -97,7 +97,8 @@ DM_PKL = "dmonitoring_model.pkl"   # artifact.format.PROGRAMS["dmonitoring"]
 def make_bundle(d: Path, device: str = "QCOM", cameras=("1928x1208", "1344x760"), tag: bytes = b"", dm=()) -> Path:
   """A bundle of `cameras`, with driver-monitoring artifacts (kind "dmonitoring", in dmonitoring/<camera>/) for the
   cameras `dm` (none by default)."""
-  from artifact.format import POLICY_PKL, WARP_PKL, installed_versions, write_artifact
+  from artifact.format import installed_versions, write_artifact
+  from artifact.kinds import POLICY_PKL, WARP_PKL
   for cam, sub, extra, programs in [(c, "", {}, {POLICY_PKL: b"policy placeholder" + tag, WARP_PKL: b"warp placeholder"}) for c in cameras] + \
                                    [(c, "dmonitoring/", {"kind": "dmonitoring"}, {DM_PKL: b"dm placeholder" + tag}) for c in dm]:
     w, h = map(int, cam.split("x"))
