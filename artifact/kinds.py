@@ -6,7 +6,7 @@ the artifact's metadata ("programs"); the loader checks them against the kind's 
 so no code anywhere knows a program's argument order.
 
 What is behaviour rather than data is found from the kind by its name in the floor that owns it: the program a compile
-builds is `compile.programs.<name>`, the reference model `compile.refmodels`' builder of that name, and the process that
+builds is `compile.programs.<name>`, the reference model `compile.refmodels.driving`' builder of that name, and the process that
 serves it is `process` (modeld runs every kind whose process is "modeld"). The kind names stand as literals here and
 where a user types them.
 """

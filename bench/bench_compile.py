@@ -138,7 +138,7 @@ def worker(models: Path, device: str, iters: int, precision: str, profile: bool 
 def _searched(meta: dict):
   """The shipped kernel search the artifact was compiled with (None if none): the per-model JITs and the profile replay it,
   so they run the artifact's kernels."""
-  from compile import cpu_search
+  from compile.cpu import search as cpu_search
   if not meta.get("search", {}).get("used"):
     return None
   m = meta["models"]
@@ -161,8 +161,8 @@ def _per_model(path: Path, kind: str, dev: str, precision: str, layout: bool, se
   from tinygrad import Tensor, TinyJit
   from tinygrad.nn.onnx import OnnxRunner
 
-  from compile import cpu_layout
-  from compile.one_model import runner_model
+  from compile.cpu import layout as cpu_layout
+  from compile.programs.one_model import runner_model
   feeds = _feeds(path, np.random.default_rng(1))
   with tempfile.TemporaryDirectory() as td:
     runner = OnnxRunner(runner_model(path, precision, layout, Path(td))[0])
@@ -301,7 +301,7 @@ def table(rows: list[dict], peak: float | None = None) -> str:
                  f"{r['warp']['p50']:6.2f} | {r['load_before']:.1f}-{r['load_after']:.1f}")
   lines.append("times in ms (p50/p99 per call; tinygrad, onnxruntime each alone in a fresh process); ratio = tinygrad p50 / onnxruntime p50;\n"
                "'vs ORT v+p' = fused step (incl. 2 warps) / (ORT vision + ORT policy); compile = wall time of compile_artifact incl. its "
-               "validation;\n[L = CPU layout (compile/cpu_layout.py), Bn = shipped BEAM=n kernel search (compile/cpu_search.py), - = off, "
+               "validation;\n[L = CPU layout (compile/cpu/layout.py), Bn = shipped BEAM=n kernel search (compile/cpu/search.py), - = off, "
                "Tn = kernels split into n parts run concurrently (artifact/cpu_threads.py)]; "
                "load = 1-min loadavg before-after (the box is shared: compare ratios within one run)")
   for r in rows:
@@ -340,7 +340,7 @@ def main() -> int:
       worker(Path(args.models), args.device, args.iters, args.precision, args.profile)
     print(json.dumps(res))
     return 0
-  from compile.refmodels import write_models
+  from compile.refmodels.driving import write_models
   peak = peak_gflops() if args.profile else None
   rows = []
   for size in args.size.split(","):

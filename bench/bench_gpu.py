@@ -4,7 +4,7 @@ against PyTorch running the same ONNX graphs with the same weights as one CUDA g
   python bench/bench_gpu.py --size full --configs CUDA@fp16,CUDA@fp16+MODELD_CPU_SEARCH=off,CUDA@fp32,NV@fp16 --iters 100
 
 A config is compiled as a user's `compile --device D` would be: with the shipped kernel search for that GPU where one matches
-(compile/cpu_search.py), else tinygrad's heuristic; `+MODELD_CPU_SEARCH=off` forces the heuristic, `+BEAM=n` searches anew.
+(compile/cpu/search.py), else tinygrad's heuristic; `+MODELD_CPU_SEARCH=off` forces the heuristic, `+BEAM=n` searches anew.
 
 Each tinygrad config compiles an artifact (`compile_artifact`, numerics checked against onnxruntime) and times it in a fresh
 process (bench_compile.py's worker); PyTorch runs in its own process per precision. Ratios are tinygrad / PyTorch p50 of the
@@ -107,7 +107,7 @@ def main() -> int:
     return 0
   from artifact.cpu_info import cpu_info
   from bench.bench_compile import _label, _parse_config
-  from compile.refmodels import write_models
+  from compile.refmodels.driving import write_models
   models = Path(tempfile.mkdtemp(prefix=f"bench_gpu_models_{a.size}_"))
   write_models(models, a.size, 0)
   rows, peers = [], {}

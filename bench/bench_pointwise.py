@@ -1,12 +1,12 @@
-"""Pointwise (1x1) convolutions of the full reference vision model: our kernel (compile/cpu_pointwise.py) against
+"""Pointwise (1x1) convolutions of the full reference vision model: our kernel (compile/cpu/pointwise.py) against
 tinygrad's own kernel for the same convolution, and both against the machine's measured fp32 peak, in one run.
 
 For every distinct pointwise convolution shape of the model (batch 1, fp32, as the CPU artifact computes it):
   * tinygrad: `x.conv2d(w, b)` captured in a TinyJit under BEAM=--beam (1 by default, as the shipped search records;
     0 = tinygrad's heuristic), split into the CPU thread count's parts and run on all cores (artifact/cpu_threads.py);
-  * ours: the same convolution through compile/cpu_pointwise.py in a TinyJit, same parts, same cores.
+  * ours: the same convolution through compile/cpu/pointwise.py in a TinyJit, same parts, same cores.
 Both JITs are replayed as a loaded artifact replays its step (artifact/cpu_replay.py). Each call is timed cold, with the
-caches as a step leaves them (every level evicted, the inputs read back in, the output cold: compile/cpu_tune.py's
+caches as a step leaves them (every level evicted, the inputs read back in, the output cold: compile/tuning/tune.py's
 measure), and warm, back to back; the two kernels take turns. Medians are printed with the ratio tinygrad / ours.
 
   .venv/bin/python bench/bench_pointwise.py [--beam 1] [--reps 15]
@@ -49,7 +49,7 @@ def pointwise_shapes(vision: Path) -> list[tuple[int, int, int, int, int]]:
 def _time(fns: dict, bufs: dict, reps: int, cold: bool) -> dict[str, float]:
   """Median seconds a call, the callables taking turns; cold: caches emptied and inputs read back before each call, else
   back to back (warm caches, the worker threads awake)."""
-  from compile.cpu_tune import _StepCaches
+  from compile.tuning.tune import _StepCaches
   caches = _StepCaches() if cold else None
   times: dict[str, list[float]] = {k: [] for k in fns}
   for _ in range(reps):
@@ -68,7 +68,7 @@ def bench_shape(cin: int, cout: int, h: int, w: int, beam: int, reps: int) -> di
   from tinygrad.helpers import Context
 
   from artifact import cpu_replay
-  from compile import cpu_pointwise
+  from compile.cpu import pointwise as cpu_pointwise
   rng = np.random.default_rng(0)
   x = Tensor(rng.standard_normal((1, cin, h, w), dtype=np.float32)).realize()
   wt, b = rng.standard_normal((cout, cin, 1, 1), dtype=np.float32), rng.standard_normal(cout, dtype=np.float32)
@@ -97,7 +97,7 @@ def main() -> int:
   from artifact import cpu_threads
   from artifact.cpu_info import cpu_info
   from bench.bench_compile import peak_gflops
-  from compile import refmodels
+  from compile.refmodels import driving as refmodels
   cpu_threads.install("CPU")
   with tempfile.TemporaryDirectory(prefix="bench-pointwise-") as td:
     refmodels.write_models(td, "full", args.seed)

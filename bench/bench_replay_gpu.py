@@ -113,7 +113,7 @@ def main() -> int:
     ap.error("--jobs and --ray values must be >= 1")
   from artifact.cpu_info import cpu_info
   from compile.build import compile_artifact
-  from compile.refmodels import write_models
+  from compile.refmodels.driving import write_models
   from offcar.replay import replay_many
   from selfdrive_glue.route import open_segment
   from selfdrive_glue.synth import synth_route

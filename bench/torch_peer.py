@@ -1,7 +1,7 @@
 """The PyTorch peer for bench_gpu.py: openpilot's per-frame step rebuilt in torch from the same ONNX files and weights.
 
 A small ONNX interpreter over torch ops (only the ops the driving models use; anything else is refused by name) plus the
-same NV12 warp and device queues as compile/program.py, so both runtimes do the same work per step: warp x 2, queue shifts,
+same NV12 warp and device queues as compile/programs/driving_step.py, so both runtimes do the same work per step: warp x 2, queue shifts,
 vision, policy, outputs read back to the host. Captured once as a CUDA graph, as a tuned torch deployment would run it.
 """
 from __future__ import annotations

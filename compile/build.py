@@ -27,9 +27,10 @@ import numpy as np
 from artifact import format as art_mod
 from artifact import kinds
 from artifact.jit_pickle import pickle_programs, unpickle_programs
-from compile import cpu_search, preflight
+from compile import preflight
 from compile.capture import check_out_dir, compile_options, open_capture, replay_on_emu
 from compile.checks import ORT_ATOL, ORT_RTOL, ort_check, outputs_of, run_plan, same_steps
+from compile.cpu import search as cpu_search
 from compile.onnx_model import load_model_info
 from compile.programs import check_signature, recipe_of
 from compile.report import CompileReport
@@ -65,7 +66,7 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
   cap = open_capture(device, log, openpilot or kind.openpilot)
   from tinygrad.helpers import Context
   # the device opens inside the flags too: QCOM's renderer arch depends on IMAGE. A shipped search is replayed by capturing
-  # under BEAM with its results already in tinygrad's search cache (compile/cpu_search.py): every kernel is a cache hit
+  # under BEAM with its results already in tinygrad's search cache (compile/cpu/search.py): every kernel is a cache hit
   beam = {"BEAM": searched["beam"]} if searched else {}
   if searched:
     cpu_search.install(searched)

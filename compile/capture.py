@@ -13,8 +13,9 @@ from typing import Any
 from artifact import cpu_threads
 from artifact import format as art_mod
 from artifact.cpu_info import cpu_info
-from compile import cpu_layout, preflight
 from compile import precision as precision_mod
+from compile import preflight
+from compile.cpu import layout as cpu_layout
 from compile.onnx_model import OnnxModelInfo
 from compile.report import CompileReport
 from selfdrive_glue.errors import UserError

@@ -111,7 +111,7 @@ def cli():
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> Path:
   """Directory with driving_vision.onnx + driving_policy.onnx, `tiny` size, seed 0."""
-  from compile.refmodels import write_models
+  from compile.refmodels.driving import write_models
   d = tmp_path_factory.mktemp("tiny_models")
   write_models(d, "tiny", 0)
   return d
@@ -144,7 +144,7 @@ def cpu_artifact_1344(tiny_models, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def dm_model(tmp_path_factory) -> Path:
   """dmonitoring_model.onnx, `tiny` size, seed 0."""
-  from compile.dm_refmodel import write_dm_model
+  from compile.refmodels.dmonitoring import write_dm_model
   return write_dm_model(tmp_path_factory.mktemp("dm_model"), "tiny", 0).path
 
 

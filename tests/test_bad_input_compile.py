@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto
 
 from compile.onnx_model import decode_output_slices, load_model_info
-from compile.refmodels import POLICY_SLICES, VISION_SLICES, encode_output_slices
+from compile.refmodels.driving import POLICY_SLICES, VISION_SLICES, encode_output_slices
 from selfdrive_glue.errors import UserError
 from tests.conftest import REPO, clone_artifact, rewrite_file, run_cli
 
@@ -148,7 +148,7 @@ def test_release_cli_refuses_a_crafted_model_before_running_its_metadata(tiny_mo
 UNPICKLERS = {
   "compile/onnx_model.py": "the restricted output_slices decoder",
   "artifact/jit_pickle.py": "the artifacts' restricted JIT unpickler",
-  "compile/cpu_record.py": "tinygrad's own search cache, written moments before by our recording run",
+  "compile/tuning/record.py": "tinygrad's own search cache, written moments before by our recording run",
 }
 
 

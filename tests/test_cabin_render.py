@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compile.dm_warp import warp_y_numpy
+from compile.programs.dm_warp import warp_y_numpy
 from selfdrive_glue.cabin_render import CabinScene
 from selfdrive_glue.camera import dm_warp_matrix
 

@@ -16,8 +16,8 @@ from artifact.load import frame_tensor
 from cli.main import main as cli_main
 from compile.checks import ORT_ATOL, ORT_RTOL
 from compile.onnx_model import load_model_info
-from compile.program import FRAME_SKIP, DrivingProgram
-from compile.refmodels import POLICY_SLICES, VISION_SLICES, encode_output_slices, write_models
+from compile.programs.driving_step import FRAME_SKIP, DrivingProgram
+from compile.refmodels.driving import POLICY_SLICES, VISION_SLICES, encode_output_slices, write_models
 from modeld_msm.host_inputs import HostInputs
 from selfdrive_glue.nv12 import nv12_info
 

@@ -12,8 +12,9 @@ import numpy as np
 import onnx
 import pytest
 
-from compile import cpu_layout, cpu_search
 from compile.checks import ORT_ATOL, ORT_RTOL
+from compile.cpu import layout as cpu_layout
+from compile.cpu import search as cpu_search
 from selfdrive_glue.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ def test_cpu_runner_matches_onnxruntime_and_the_plain_runner(tiny_models, tmp_pa
   from tinygrad import Tensor
   from tinygrad.nn.onnx import OnnxRunner
 
-  from compile.one_model import runner_model
+  from compile.programs.one_model import runner_model
   src = tiny_models / f"driving_{kind}.onnx"
   feeds = _feeds(src, 1)
   ref = _ort(src, feeds)
@@ -77,7 +78,7 @@ def test_cpu_runner_matches_onnxruntime_and_the_plain_runner(tiny_models, tmp_pa
       cpu_layout.apply(runner)
     inputs = {k: Tensor(v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
     outs[layout] = next(iter(runner(inputs).values())).float().numpy()
-    if layout:   # the vision model's pointwise convolutions ran on compile/cpu_pointwise.py (the policy has none)
+    if layout:   # the vision model's pointwise convolutions ran on compile/cpu/pointwise.py (the policy has none)
       assert (len(runner.cpu_pointwise) > 0) == (kind == "vision")
   assert np.all(np.abs(outs[True] - ref) <= ORT_ATOL + ORT_RTOL * np.abs(ref))
   np.testing.assert_allclose(outs[True], outs[False], rtol=1e-5, atol=1e-5)
@@ -264,7 +265,7 @@ def test_install_puts_the_opts_where_tinygrads_search_reads_them(tmp_path):
 
 
 def test_a_hand_edited_table_is_refused(tmp_path, monkeypatch):
-  """The shipped table's sha256 lives in compile/cpu_search.py (so cached artifacts follow a re-recorded table): a table
+  """The shipped table's sha256 lives in compile/cpu/search.py (so cached artifacts follow a re-recorded table): a table
   that does not match it is refused, not replayed."""
   table = tmp_path / "cpu_search_table.json"
   recorded = {"match": _key(), "beam": 1, "recorded_on": "test", "entries": []}

@@ -1,4 +1,4 @@
-"""The pointwise-convolution kernel of CPU artifacts (compile/cpu_pointwise.py): right values for every tile path and
+"""The pointwise-convolution kernel of CPU artifacts (compile/cpu/pointwise.py): right values for every tile path and
 part count, used only where it applies, and used by a compiled artifact."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from compile import cpu_layout, cpu_pointwise
+from compile.cpu import layout as cpu_layout
+from compile.cpu import pointwise as cpu_pointwise
 
 
 def _case(cin: int, cout: int, h: int, w: int, bias: bool = True, seed: int = 0):

@@ -1,4 +1,4 @@
-"""The tuner (compile/cpu_tune.py): its candidates are opts tinygrad accepts, a set it starts covers every kernel a compile
+"""The tuner (compile/tuning/tune.py): its candidates are opts tinygrad accepts, a set it starts covers every kernel a compile
 lowers (so the compile replays it without searching), and what it keeps is an artifact that passes the compile's checks."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compile import cpu_search
+from compile.cpu import search as cpu_search
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def test_candidates_are_legal_tiles_split_over_the_threads(tmp_path):
     import json
     from tinygrad import Device, Tensor
     from tinygrad.codegen.opt.postrange import Scheduler, args_from_ast
-    from compile import cpu_tune
+    from compile.tuning import tune as cpu_tune
     a, b = Tensor.empty(256, 192, device="CPU"), Tensor.empty(192, 512, device="CPU")
     calls = [c for c in (a @ b).schedule_linear().src if c.src[0].op.name == "SINK"]
     ast = calls[0].src[0]
@@ -70,7 +70,8 @@ def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
     import json
     from pathlib import Path
     import os
-    from compile import cpu_record, cpu_search
+    from compile.tuning import record as cpu_record
+    from compile.cpu import search as cpu_search
     table = Path({str(tmp_path / "table.json")!r})
     s = cpu_record.tune("tiny", (1928, 1208), "fp32", "auto", 2, table_path=table, new=True, budget=4, log=lambda *_: None)
 
@@ -80,7 +81,7 @@ def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
     search._time_program = no_search
     os.environ[cpu_search.TABLE_ENV] = str(table)
     from compile.build import compile_artifact
-    from compile.refmodels import write_models
+    from compile.refmodels.driving import write_models
     m = write_models(Path({str(tmp_path / "models")!r}), "tiny", 0)
     models = {"vision": m["vision"].path, "policy": m["policy"].path}
     compile_artifact("driving", models, (1928, 1208), "CPU", Path({str(tmp_path / "art")!r}), log=lambda *_: None)
@@ -105,7 +106,7 @@ def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
 
   # rekey: the set, as if recorded for older kernel code, is carried over (every kernel a cache hit); with one kernel
   # missing it is not (the compile had to search one)
-  from compile import cpu_record
+  from compile.tuning import record as cpu_record
   whole = {**s, "match": {**s["match"], "code": "0" * 16}}
   holed = {**whole, "match": {**whole["match"], "threads": whole["match"]["threads"]}, "entries": s["entries"][1:]}
   for sets, carried in (([whole], 1), ([holed], 0)):
@@ -118,7 +119,7 @@ def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
 
 
 def test_eviction_buffer_is_twice_the_largest_cache(tmp_path):
-  from compile.cpu_tune import _cache_bytes
+  from compile.tuning.tune import _cache_bytes
   for i, size in enumerate(("32K", "1024K", "256M", "bogus")):
     (tmp_path / f"index{i}").mkdir()
     (tmp_path / f"index{i}" / "size").write_text(size + "\n")
@@ -133,7 +134,7 @@ def test_window_of_a_3x3_convolution_is_a_candidate_unrolled(tmp_path):
     import json
     from tinygrad import Device, Tensor
     from tinygrad.codegen.opt.postrange import Scheduler, args_from_ast
-    from compile import cpu_tune
+    from compile.tuning import tune as cpu_tune
     def kernel(t):
       ast = [c for c in t.schedule_linear().src if c.src[0].op.name == "SINK"][-1].src[0]
       s = Scheduler(ast, Device["CPU"].renderer); s.convert_loop_to_global()

@@ -81,12 +81,12 @@ def test_artifact_cache_keeps_the_weights_apart(tmp_path, monkeypatch):
   """The trained stand-in and random weights never share a cached artifact, for the same size, camera and device."""
   import artifact.format
   import compile.build
-  import compile.refmodels
+  import compile.refmodels.driving
   from offcar import demo
 
   monkeypatch.setattr(demo, "CACHE", tmp_path)
   # the stand-in's bytes differ from seed 0's random ones; the real pair is package data the lead's training ships
-  monkeypatch.setattr(compile.refmodels, "stand_in_model", lambda kind: compile.refmodels.build_model(kind, "tiny", 1))
+  monkeypatch.setattr(compile.refmodels.driving, "stand_in_model", lambda kind: compile.refmodels.driving.build_model(kind, "tiny", 1))
   built = []
 
   def not_cached(art, **_):

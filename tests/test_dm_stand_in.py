@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from compile.dm_refmodel import DM_SLICES, dm_stand_in_model
-from compile.dm_warp import warp_y_numpy
-from compile.refmodels import STAND_IN_DIR
+from compile.programs.dm_warp import warp_y_numpy
+from compile.refmodels.dmonitoring import DM_SLICES, dm_stand_in_model
+from compile.refmodels.driving import STAND_IN_DIR
 from modeld_msm.frames import Frame
 from offcar import dm_accuracy
 from selfdrive_glue import messaging
@@ -92,8 +92,8 @@ def test_driver_sides_swap_is_a_permutation_of_the_slices():
 
 
 def test_stand_in_is_shipped_with_its_recipe_and_measured_accuracy(tmp_path):
-  from compile.dm_refmodel import write_dm_model
   from compile.onnx_model import load_model_info
+  from compile.refmodels.dmonitoring import write_dm_model
   from offcar.train.dm_recipe import checkpoint_name
   info = json.loads((STAND_IN_DIR / "dm_recipe.json").read_text())
   m = info["metrics"]

@@ -13,9 +13,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from artifact.format import ArtifactError, resolve_artifact, verify_artifact
-from compile.dm_refmodel import DM_SLICES, DM_WIDTH, build_dm_model, write_dm_model
-from compile.dm_warp import warp_y_numpy
 from compile.onnx_model import decode_output_slices, encode_output_slices, load_model_info
+from compile.programs.dm_warp import warp_y_numpy
+from compile.refmodels.dmonitoring import DM_SLICES, DM_WIDTH, build_dm_model, write_dm_model
 from modeld_msm.frames import Frame
 from selfdrive_glue import messaging
 from selfdrive_glue.camera import DM_INPUT_SIZE, dm_warp_matrix
@@ -109,7 +109,7 @@ def test_a_model_off_the_contract_is_refused_by_name(tmp_path, case, needle):
 
 def test_compile_refuses_a_model_off_the_contract_in_one_line(tmp_path, cli):
   (tmp_path / "m").mkdir()
-  from compile.refmodels import build_model
+  from compile.refmodels.driving import build_model
   (tmp_path / "m" / "dmonitoring_model.onnx").write_bytes(build_model("vision", "tiny", 0).SerializeToString())   # the wrong model
   r = cli("compile", "--dmonitoring", tmp_path / "m" / "dmonitoring_model.onnx", "-o", tmp_path / "out", timeout=300)
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr

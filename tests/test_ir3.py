@@ -558,8 +558,8 @@ def test_decoder_agrees_with_mesa_on_the_full_reference_program(tmp_path):
 
   from backend.emu.ir3.decode import check_fields, decode
   from compile.onnx_model import load_model_info
-  from compile.program import DrivingProgram
-  from compile.refmodels import write_models
+  from compile.programs.driving_step import DrivingProgram
+  from compile.refmodels.driving import write_models
   from modeld_msm.host_inputs import HostInputs
   from selfdrive_glue.nv12 import nv12_info
   write_models(tmp_path, "full", 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from compile.metres import describe, metres_apart
-from compile.refmodels import POLICY_SLICES, VISION_SLICES, VISION_WIDTH
+from compile.refmodels.driving import POLICY_SLICES, VISION_SLICES, VISION_WIDTH
 from selfdrive_glue.road_truth import X_IDXS
 
 

@@ -218,7 +218,7 @@ def test_modeld_process_publishes_the_a630_numbers(qcom_artifact, cpu_artifact_1
 def test_full_size_program_on_the_emulated_a630_matches_the_cpu(tmp_path_factory, cli, monkeypatch):
   """The full reference models (openpilot 0.11.1's compute budget), compiled for QCOM under openpilot's flags with the compile
   step's own numerics checks executed on the emulated a630, run through ModelState and match their CPU artifact."""
-  from compile.refmodels import write_models
+  from compile.refmodels.driving import write_models
   d = tmp_path_factory.mktemp("full")
   write_models(d / "models", "full", 0)
   arts = {}

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compile import refmodels
-from compile.refmodels import POLICY_SLICES, VISION_SLICES, build_model, count_macs, count_params, write_models
+from compile.refmodels import driving as refmodels
+from compile.refmodels.driving import POLICY_SLICES, VISION_SLICES, build_model, count_macs, count_params, write_models
 from selfdrive_glue.errors import UserError
 
 ort = pytest.importorskip("onnxruntime")

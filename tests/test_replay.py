@@ -38,7 +38,7 @@ def _artifact_key() -> str:
 def artifact():
   """tiny reference models compiled for 1344x760 on CPU; cached under .cache/ keyed by the compiler sources."""
   from compile.build import compile_artifact
-  from compile.refmodels import write_models
+  from compile.refmodels.driving import write_models
   cache = ROOT / ".cache" / "test-artifacts"
   cache.mkdir(parents=True, exist_ok=True)
   out = cache / f"tiny-1344x760-{_artifact_key()}"

@@ -63,7 +63,7 @@ def test_driver_frames_replay_through_the_dm_and_repeat_exactly(dseg, cpu_artifa
 
 def test_regress_catches_a_dm_change(dseg, cpu_artifact_1928, dm_cpu_artifact, tmp_path):
   from compile.build import compile_artifact
-  from compile.dm_refmodel import write_dm_model
+  from compile.refmodels.dmonitoring import write_dm_model
   models = {"dmonitoring": write_dm_model(tmp_path / "m", "tiny", 9).path}
   other = compile_artifact("dmonitoring", models, (1928, 1208), "CPU", tmp_path / "dm9", log=lambda *_: None)
   replay_segment(dseg, cpu_artifact_1928, tmp_path / "ref.zst", dm_artifact=dm_cpu_artifact)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compile.refmodels import STAND_IN_DIR, VISION_SLICES, stand_in_model
+from compile.refmodels.driving import STAND_IN_DIR, VISION_SLICES, stand_in_model
 from modeld_msm.actions import action_times, plan_curvature
 from offcar import accuracy
 from selfdrive_glue.camera import device_camera_config, get_warp_matrix, sensor_and_device
@@ -45,7 +45,7 @@ def _drive(artifact, rpy_sign: float = 1.0, focal_scale: float = 1.0, slice_shif
   """-> (accuracy summary, worst |artifact - onnxruntime| of the last frame's vision output relative to its scale)."""
   import onnxruntime as ort
 
-  from compile.warp import warp_nv12_numpy
+  from compile.programs.warp import warp_nv12_numpy
   from modeld_msm.model_state import ModelState
   scene = RoadScene(SEED, CAMERA)
   ms = ModelState(artifact, device="CPU")

@@ -12,11 +12,11 @@ from tinygrad import Tensor
 
 from artifact.kinds import KINDS
 from compile.onnx_model import load_model_info
-from compile.program import DrivingProgram, _push
 from compile.programs.driving import driving_inputs
-from compile.refmodels import POLICY_SLICES, VISION_SLICES, write_models
-from compile.supercombo_program import SupercomboProgram
-from compile.supercombo_refmodel import LAT_T_GAIN, LONG_T_GAIN, PLAN_A0, PLAN_V0, PLAN_YAW_RATE0, slices, write_supercombo_model
+from compile.programs.driving_step import DrivingProgram, _push
+from compile.programs.supercombo_step import SupercomboProgram
+from compile.refmodels.driving import POLICY_SLICES, VISION_SLICES, write_models
+from compile.refmodels.supercombo import LAT_T_GAIN, LONG_T_GAIN, PLAN_A0, PLAN_V0, PLAN_YAW_RATE0, slices, write_supercombo_model
 from modeld_msm.named_program import host_arrays, host_tensors
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info

@@ -1,4 +1,4 @@
-"""Master's combined driving model (driving_supercombo.onnx) as we make it from a 0.11 pair (compile/supercombo_refmodel.py),
+"""Master's combined driving model (driving_supercombo.onnx) as we make it from a 0.11 pair (compile/refmodels/supercombo.py),
 and its contract check (compile/onnx_model.py): the fused graph computes exactly what the split pair computes when the policy
 is given the 24 past features plus this frame's hidden state, its action head follows the plan and action_t, and files off
 either contract are refused by name, in one line."""
@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from compile.onnx_model import encode_output_slices, load_model_info
-from compile.refmodels import POLICY_SLICES, TARGET_VISION_MACS, VISION_SLICES, build_model, count_macs, count_params, stand_in_model
-from compile.supercombo_refmodel import (
+from compile.refmodels.driving import POLICY_SLICES, TARGET_VISION_MACS, VISION_SLICES, build_model, count_macs, count_params, stand_in_model
+from compile.refmodels.supercombo import (
   LAT_T_GAIN,
   LONG_T_GAIN,
   MASTER_FILE_BYTES,

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from compile.supercombo_refmodel import write_supercombo_model
+from compile.refmodels.supercombo import write_supercombo_model
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from compile.refmodels import POLICY_WIDTH, VISION_SLICES, VISION_WIDTH, build_model
+from compile.refmodels.driving import POLICY_WIDTH, VISION_SLICES, VISION_WIDTH, build_model
 
 
 def _feeds(kind: str, rng, batch: int = 1) -> dict[str, np.ndarray]:
@@ -87,7 +87,7 @@ def test_training_reduces_the_loss_and_writes_a_loadable_pair(tmp_path):
 
 
 def test_dm_targets_follow_the_cabin_truth():
-  from compile.dm_refmodel import DM_SLICES
+  from compile.refmodels.dmonitoring import DM_SLICES
   from offcar.train.dm_data import render_cabins
   from offcar.train.dm_targets import dm_targets
   c = render_cabins([20_000_001, 20_000_002], 8, 0.1, progress=False)

@@ -1,4 +1,4 @@
-"""The on-device camera warp (`compile.warp.warp_nv12`) against an independent numpy reference, exact equality.
+"""The on-device camera warp (`compile.programs.warp.warp_nv12`) against an independent numpy reference, exact equality.
 
 The reference follows the contract (§6) literally: per output pixel a projective map, round half to even, clip,
 then read the Y plane (at the stride) or the interleaved UV plane (half size, M scaled by [[1,1,.5],[1,1,.5],[2,2,1]]),
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from compile.warp import warp_nv12, warp_nv12_numpy
+from compile.programs.warp import warp_nv12, warp_nv12_numpy
 from selfdrive_glue.camera import model_transforms
 from selfdrive_glue.nv12 import NV12Info, nv12_info
 
@@ -30,7 +30,7 @@ def _planes(frame: np.ndarray, nv: NV12Info) -> tuple[np.ndarray, np.ndarray, np
 
 
 def reference_warp(frame: np.ndarray, M: np.ndarray, nv: NV12Info) -> np.ndarray:
-  # the numpy twin (compile/warp.py) is what training data is warped with: these tests hold it to the device warp
+  # the numpy twin (compile/programs/warp.py) is what training data is warped with: these tests hold it to the device warp
   return warp_nv12_numpy(frame, M, nv)
 
 

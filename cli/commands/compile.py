@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
                  help="whose QCOM build flags (0.11: IMAGE=2, master: IMAGE=1; both FLOAT16 NOLOCALS JIT_BATCH_SIZE=0 OPENPILOT_HACKS): "
                       "the driving pair is 0.11's and --model master's; --dmonitoring runs in both (default 0.11)")
   p.add_argument("--search", choices=("auto", "off"), default=None,
-                 help="the shipped kernel search (compile/cpu_search_table.json), used only where it was recorded for these models; "
+                 help="the shipped kernel search (compile/cpu/search_table.json), used only where it was recorded for these models; "
                       "default auto, or $MODELD_CPU_SEARCH")
 
 

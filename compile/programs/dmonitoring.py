@@ -1,4 +1,4 @@
-"""The driver-monitoring model: dmonitoring_model.onnx behind the DM warp as one program (compile/dm_program.py), no state
+"""The driver-monitoring model: dmonitoring_model.onnx behind the DM warp as one program (compile/programs/dmonitoring_step.py), no state
 between frames, so every step is a full one; built with the flags of either openpilot release (it runs in both)."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 
 from artifact.kinds import Kind
 from artifact.load import frame_tensor
-from compile import one_model
 from compile.checks import StepInputs
-from compile.dm_program import DMProgram
 from compile.onnx_model import OnnxModelInfo
+from compile.programs import one_model
+from compile.programs.dmonitoring_step import DMProgram
 from selfdrive_glue.camera import dm_warp_matrix
 from selfdrive_glue.nv12 import NV12Info
 
@@ -28,8 +28,8 @@ class Recipe:
     self.kind = kind
 
   def write_models(self, out: str | Path, size: str, seed: int, stand_in: bool = False) -> dict[str, Any]:
-    """The reference driver-monitoring model (compile/dm_refmodel.py)."""
-    from compile.dm_refmodel import write_dm_model
+    """The reference driver-monitoring model (compile/refmodels/dmonitoring.py)."""
+    from compile.refmodels.dmonitoring import write_dm_model
     return {"dmonitoring": write_dm_model(out, size, seed, stand_in=stand_in)}
 
   def contract_line(self, infos: dict[str, OnnxModelInfo]) -> str:

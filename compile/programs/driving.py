@@ -1,5 +1,5 @@
-"""0.11's driving model: driving_vision.onnx + driving_policy.onnx as one per-frame program (compile/program.py), a full step
-and a warp-only step for dropped frames; the one kind with a shipped kernel search (compile/cpu_search.py)."""
+"""0.11's driving model: driving_vision.onnx + driving_policy.onnx as one per-frame program (compile/programs/driving_step.py), a full step
+and a warp-only step for dropped frames; the one kind with a shipped kernel search (compile/cpu/search.py)."""
 from __future__ import annotations
 
 import os
@@ -12,11 +12,12 @@ import numpy as np
 
 from artifact.kinds import Kind
 from artifact.load import frame_tensor
-from compile import cpu_layout, cpu_search
 from compile.checks import StepInputs
-from compile.one_model import runner_model
+from compile.cpu import layout as cpu_layout
+from compile.cpu import search as cpu_search
 from compile.onnx_model import OnnxModelInfo
-from compile.program import DrivingProgram
+from compile.programs.driving_step import DrivingProgram
+from compile.programs.one_model import runner_model
 from selfdrive_glue.nv12 import NV12Info
 
 # P = full step, W = warp-only (dropped frame)
@@ -25,7 +26,7 @@ STEP_PLAN = "PPWPWWPP"
 
 def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool | None = None):
   """The unjitted per-frame program in the given precision and layout: fp32 builds the runners from widened copies of
-  the models, the CPU layout from rewritten ones plus its op table (compile/cpu_layout.py); onnxruntime still checks the
+  the models, the CPU layout from rewritten ones plus its op table (compile/cpu/layout.py); onnxruntime still checks the
   originals. layout None: as compile_artifact chooses it for `device`. The rewrite counts are on the program as
   `layout_rewrites`."""
   if layout is None:
@@ -69,8 +70,8 @@ class Recipe:
     self.kind = kind
 
   def write_models(self, out: str | Path, size: str, seed: int, stand_in: bool = False) -> dict[str, Any]:
-    """Reference models of this kind (compile/refmodels.py): {contract: what was written}."""
-    from compile.refmodels import write_models
+    """Reference models of this kind (compile/refmodels/driving.py): {contract: what was written}."""
+    from compile.refmodels.driving import write_models
     return write_models(out, size, seed, stand_in=stand_in)
 
   def contract_line(self, infos: dict[str, OnnxModelInfo]) -> str:
@@ -110,14 +111,14 @@ class Recipe:
 
   def meta(self, prog: DrivingProgram, use_layout: bool, layout_why: str, searched: dict[str, Any] | None, search_why: str | None) -> dict[str, Any]:
     return {
-      # compute-preserving rewrites the runners were built with (compile/cpu_layout.py); checked against onnxruntime like the rest
+      # compute-preserving rewrites the runners were built with (compile/cpu/layout.py); checked against onnxruntime like the rest
       "cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites,
                      "dense_conv_materialised": use_layout, "elu_own_kernel": use_layout,
-                     # convolutions run on compile/cpu_pointwise.py's kernel (MODELD_CPU_POINTWISE=0: none)
+                     # convolutions run on compile/cpu/pointwise.py's kernel (MODELD_CPU_POINTWISE=0: none)
                      "pointwise_kernel": {m: len(getattr(getattr(prog, m), "cpu_pointwise", {})) for m in ("vision", "policy")}},
       "search": {"used": searched is not None, "why": search_why, "beam": searched["beam"] if searched else None,
                  "kernels": len(searched["entries"]) if searched else 0,
-                 # kernels the tuner re-searched and changed (compile/cpu_tune.py)
+                 # kernels the tuner re-searched and changed (compile/tuning/tune.py)
                  "tuned": cpu_search.tuned_count(searched) if searched else 0},
       "validation": {"step_plan": STEP_PLAN},
     }

@@ -1,5 +1,5 @@
 """openpilot master's combined driving model (June 2026): driving_supercombo.onnx as one per-frame program
-(compile/supercombo_program.py) over 0.11's warp and image queues, action_t an input, this frame's hidden state fed back on
+(compile/programs/supercombo_step.py) over 0.11's warp and image queues, action_t an input, this frame's hidden state fed back on
 the device; no shipped kernel search."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from artifact.kinds import Kind
-from compile import one_model
 from compile.checks import StepInputs
 from compile.onnx_model import OnnxModelInfo
+from compile.programs import one_model
 from compile.programs.driving import driving_inputs
-from compile.supercombo_program import SupercomboProgram
+from compile.programs.supercombo_step import SupercomboProgram
 from selfdrive_glue.nv12 import NV12Info
 
 # 8 runs: from the 5th on, a past feature the program fed back itself is among the model's inputs
@@ -29,8 +29,8 @@ class Recipe:
     self.kind = kind
 
   def write_models(self, out: str | Path, size: str, seed: int, stand_in: bool = False) -> dict[str, Any]:
-    """The pair of this seed fused into master's combined model (compile/supercombo_refmodel.py)."""
-    from compile.supercombo_refmodel import write_supercombo_model
+    """The pair of this seed fused into master's combined model (compile/refmodels/supercombo.py)."""
+    from compile.refmodels.supercombo import write_supercombo_model
     return {"supercombo": write_supercombo_model(out, size, seed, stand_in=stand_in)}
 
   def contract_line(self, infos: dict[str, OnnxModelInfo]) -> str:

@@ -3,7 +3,7 @@
 A drive is one RoadScene seed sampled every 0.2 s (FRAME_SKIP model frames at 20 Hz): exactly the spacing of the two
 frames stacked in the vision input (queue rows t-4 and t) and of the policy's feature history, so frame k's vision input
 is (warp k-1, warp k) and its features buffer is the hidden states of frames k-24..k (zeros before the drive starts,
-as modeld's queues start). Frames are warped with compile/warp.py's numpy twin of modeld's `warp_nv12` (held to it by
+as modeld's queues start). Frames are warped with compile/programs/warp.py's numpy twin of modeld's `warp_nv12` (held to it by
 tests/test_warp.py) under the transforms modeld computes from the scene's calibration (`model_transforms`), in the
 render worker processes.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compile.warp import warp_nv12_numpy
+from compile.programs.warp import warp_nv12_numpy
 from modeld_msm.constants import INPUT_HISTORY_BUFFER_LEN as HISTORY  # the policy's feature queue, frames
 from selfdrive_glue.camera import model_transforms, sensor_and_device
 from selfdrive_glue.road_render import RoadScene

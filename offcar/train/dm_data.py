@@ -6,7 +6,7 @@ serves both artifacts) under a calibration drawn for it, sampled at `frames` tim
 scene's 60 s segment (faces, the no-face and the sunglasses stretches at their natural rates), a quarter inside eye
 closures (0.2 s of every 2.5-4 s: too rare to learn from uniform samples), a quarter inside the no-face stretch; for
 evaluation all uniform (the rates a drive has). Frames are
-warped with compile/dm_warp.py's numpy twin of the device warp (held to it by tests/test_dmonitoring.py).
+warped with compile/programs/dm_warp.py's numpy twin of the device warp (held to it by tests/test_dmonitoring.py).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compile.dm_warp import warp_y_numpy
+from compile.programs.dm_warp import warp_y_numpy
 from offcar.train.data import rendered
 from selfdrive_glue.cabin_render import BLINK_S, SEGMENT, CabinScene, CabinTruth
 from selfdrive_glue.camera import DM_INPUT_SIZE, dm_warp_matrix

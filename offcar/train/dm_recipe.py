@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from compile.dm_refmodel import DM_SLICES, DM_WIDTH, build_dm_model
+from compile.refmodels.dmonitoring import DM_SLICES, DM_WIDTH, build_dm_model
 from modeld_msm.dm_outputs import parse_dm_outputs
 from offcar import dm_accuracy
 from offcar.train.dm_data import Cabins, render_cabins

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compile.dm_refmodel import DM_SLICES, DM_WIDTH, FACE_DESCS
+from compile.refmodels.dmonitoring import DM_SLICES, DM_WIDTH, FACE_DESCS
 from offcar.train.dm_data import Cabins
 from offcar.train.targets import Targets, mdn
 

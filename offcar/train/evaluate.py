@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from compile.refmodels import POLICY_SLICES, VISION_SLICES
+from compile.refmodels.driving import POLICY_SLICES, VISION_SLICES
 from modeld_msm.actions import action_times, plan_curvature
 from modeld_msm.core import DEFAULT_LAT_DELAY  # modeld's lateral delay until a liveDelay arrives (the demo sends none)
 from modeld_msm.parse_outputs import parse_policy_outputs, parse_vision_outputs, slice_outputs

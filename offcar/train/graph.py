@@ -1,6 +1,6 @@
 """An ONNX driving model as a trainable tinygrad function, and back: the graph that is trained is the graph that ships.
 
-The reference graphs (compile/refmodels.py) are evaluated node by node in float32 with their fp16 weight initializers
+The reference graphs (compile/refmodels/driving.py) are evaluated node by node in float32 with their fp16 weight initializers
 as trainable tensors; export writes the trained values back into the same ModelProto as fp16, so the I/O contract,
 the op list and the export path are exactly those of the random-weight models.
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from compile.refmodels import POLICY_WIDTH, VISION_SLICES, build_model
+from compile.refmodels.driving import POLICY_WIDTH, VISION_SLICES, build_model
 from offcar.train.data import HISTORY, Drives, feature_buffers, render_drives
 from offcar.train.evaluate import evaluate
 from offcar.train.graph import TrainableGraph

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compile.refmodels import POLICY_SLICES, POLICY_WIDTH, VISION_SLICES, VISION_WIDTH
+from compile.refmodels.driving import POLICY_SLICES, POLICY_WIDTH, VISION_SLICES, VISION_WIDTH
 from selfdrive_glue.road_truth import CAM_HEIGHT, Truth
 
 # weights of plan columns (Plan layout: position, velocity, acceleration, euler, euler rate, 3 each)

@@ -1,10 +1,10 @@
-"""Recording, tuning and re-keying the shipped kernel search sets, CPU and workstation GPU (compile/cpu_search.py holds the
+"""Recording, tuning and re-keying the shipped kernel search sets, CPU and workstation GPU (compile/cpu/search.py holds the
 table and how a compile uses it). Tools for us, run by hand on the machine a set is for; never by a user's compile.
 
-  .venv/bin/python -m compile.cpu_record record --size full --beam 1   # minutes to an hour; appends/replaces one set
-  .venv/bin/python -m compile.cpu_record tune --size full --top 12     # then a steadier look at the slowest kernels (cpu_tune.py)
-  .venv/bin/python -m compile.cpu_record record --device CUDA          # a GPU's set, keyed by its arch
-  .venv/bin/python -m compile.cpu_record rekey                         # after an edit of KERNEL_SOURCES meant to keep the kernels
+  .venv/bin/python -m compile.tuning.record record --size full --beam 1   # minutes to an hour; appends/replaces one set
+  .venv/bin/python -m compile.tuning.record tune --size full --top 12     # then a steadier look at the slowest kernels (cpu_tune.py)
+  .venv/bin/python -m compile.tuning.record record --device CUDA          # a GPU's set, keyed by its arch
+  .venv/bin/python -m compile.tuning.record rekey                         # after an edit of KERNEL_SOURCES meant to keep the kernels
 """
 from __future__ import annotations
 
@@ -23,10 +23,12 @@ from tinygrad.helpers import VERSION
 from artifact import cpu_threads
 from artifact.cpu_info import cpu_info
 from artifact.format import verify_artifact
-from compile import cpu_layout, cpu_search, cpu_tune
 from compile import precision as precision_mod
-from compile.cpu_search import TABLE, opts_json, tuned_count
-from compile.refmodels import write_models
+from compile.cpu import layout as cpu_layout
+from compile.cpu import search as cpu_search
+from compile.cpu.search import TABLE, opts_json, tuned_count
+from compile.refmodels.driving import write_models
+from compile.tuning import tune as cpu_tune
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file, write_atomic
 from selfdrive_glue.nv12 import parse_camera
@@ -89,7 +91,7 @@ def _recorded_on(device: str) -> str:
 
 def tune(size: str, camera: tuple[int, int], precision: str, layout: str, top: int, table_path: Path = TABLE, seed: int = 0,
          budget: int | None = None, new: bool = False, log=print) -> dict[str, Any]:
-  """Re-search the slowest kernels of a recorded set's step (compile/cpu_tune.py) and store the set back. `new`: with no
+  """Re-search the slowest kernels of a recorded set's step (compile/tuning/tune.py) and store the set back. `new`: with no
   recorded set, start one from tinygrad's heuristic opts (minutes instead of a BEAM recording's tens of minutes)."""
   if cpu_threads.mode() != "parallel":
     raise UserError("tune times kernels as the runtime runs them: unset MODELD_CPU_PARTS (parallel)")
@@ -106,7 +108,7 @@ def tune(size: str, camera: tuple[int, int], precision: str, layout: str, top: i
                   "entries": [], "start": "heuristic"}
     if recorded is None:
       raise UserError(f"no recorded set for {size} models, {camera[0]}x{camera[1]}, {compute}, {key['threads']} threads: "
-                      "record one first (python -m compile.cpu_record record), or start one with tune --new")
+                      "record one first (python -m compile.tuning.record record), or start one with tune --new")
     cpu_tune.tune(recorded, {k: m.path for k, m in models.items()}, camera, compute, use_layout, top, key["threads"], log, budget)
   cpu_search.store(recorded, table_path)
   return recorded

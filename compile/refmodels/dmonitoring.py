@@ -8,7 +8,7 @@ sleep_prob, then wheel_on_right and a 512-wide feature block (the 0.10/0.11.0 mo
 
 Two sizes: `tiny` (three strided convolutions, for tests) and `full` (the shipped model's size class: ~3.8 M fp16
 parameters, ~7.5 MB, a downsampling convolution trunk over the 1440x960 image). Weights are random but scaled so the
-heads see O(1) values (compile/refmodels.py's builder and normalisation).
+heads see O(1) values (compile/refmodels/driving.py's builder and normalisation).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compile.refmodels import IR_VERSION, OPSET, WrittenModel, _Graph, count_macs, count_params, encode_output_slices
+from compile.refmodels.driving import IR_VERSION, OPSET, WrittenModel, _Graph, count_macs, count_params, encode_output_slices
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
@@ -121,7 +121,7 @@ def dm_stand_in_model():
   """The trained driver-monitoring stand-in (tiny architecture, weights from `modeld-msm train-dm`), shipped as package data."""
   import onnx
 
-  from compile.refmodels import STAND_IN_DIR
+  from compile.refmodels.driving import STAND_IN_DIR
   path = STAND_IN_DIR / FILE
   if not path.is_file():
     raise UserError(f"the trained stand-in model {path} is missing from this install; reinstall modeld-msm or use random weights")

@@ -13,7 +13,7 @@ levels evicted, then the kernel's inputs read (the kernels before it just wrote 
 keeps the output hot, which ranks tiles differently, and the evicted time is the one that agrees with the step
 (docs/performance-cpu.md §4).
 
-  .venv/bin/python -m compile.cpu_record tune --size full --top 12
+  .venv/bin/python -m compile.tuning.record tune --size full --top 12
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from typing import Any
 
 from artifact import cpu_threads
 from artifact.load import frame_tensor
-from compile import cpu_search
 from compile.checks import ort_check
-from compile.cpu_search import opts_json, search_key
+from compile.cpu import search as cpu_search
+from compile.cpu.search import opts_json, search_key
 from compile.onnx_model import load_model_info
 from compile.programs.driving import build_program
 from compile.report import CompileReport
@@ -291,7 +291,7 @@ def tune(recorded: dict[str, Any], models: dict[str, Path], camera: tuple[int, i
   by_key = {e["ast"]: e for e in recorded["entries"]}
   kernels = [k for k in kernels if k.key in by_key]
   if not kernels:
-    raise UserError("none of the step's kernels is in the recorded set: record it first (python -m compile.cpu_record record)")
+    raise UserError("none of the step's kernels is in the recorded set: record it first (python -m compile.tuning.record record)")
   for k in tqdm(kernels, desc="[tune] timing the recorded kernels", unit="kernel", leave=False):
     k.ms = statistics.median(time_opts(k, k.recorded, 3) for _ in range(3))
   kernels.sort(key=lambda k: -k.ms)

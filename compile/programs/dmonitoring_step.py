@@ -12,9 +12,9 @@ from typing import Any
 from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
-from compile import one_model
-from compile.dm_warp import warp_y
 from compile.onnx_model import OnnxModelInfo
+from compile.programs import one_model
+from compile.programs.dm_warp import warp_y
 from selfdrive_glue.camera import DM_INPUT_SIZE
 from selfdrive_glue.nv12 import NV12Info
 

@@ -1,6 +1,6 @@
 """The driver-monitoring warp, on the device: the driver camera's Y plane -> the 1440x960 image the DM model reads.
 
-Kept apart from compile/warp.py: that file's code is part of the driving kernels' fingerprint (compile/cpu_search.py
+Kept apart from compile/programs/warp.py: that file's code is part of the driving kernels' fingerprint (compile/cpu/search.py
 KERNEL_SOURCES), which keys the shipped CPU search sets; the DM warp does not change those kernels.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Tensor
 
-from compile.warp import _sample_index, _source_coords_np
+from compile.programs.warp import _sample_index, _source_coords_np
 from selfdrive_glue.nv12 import NV12Info
 
 

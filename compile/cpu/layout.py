@@ -10,7 +10,7 @@ What each choice does (the measurements are in docs/performance-cpu.md §6):
   * every Elu runs as a kernel of its own, its input and output materialised. tinygrad expands exp into a polynomial
     of scalar C; fused into a convolution's epilogue it sits inside the register tile (upcast) code, which clang leaves
     scalar, while a plain elementwise loop is vectorised by clang's loop vectoriser.
-  * a pointwise (1x1) convolution with constant weights runs as our register-blocked C kernel (compile/cpu_pointwise.py),
+  * a pointwise (1x1) convolution with constant weights runs as our register-blocked C kernel (compile/cpu/pointwise.py),
     faster than tinygrad's own for these shapes. Its weights are padded once, when the op first runs (before the JIT
     captures), and captured as constants. Where an Elu is its only reader, the kernel applies it as it stores
     (fuse_conv_elu), saving the Elu's own pass over the output.
@@ -26,7 +26,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from compile import cpu_pointwise
+from compile.cpu import pointwise as cpu_pointwise
 from selfdrive_glue.errors import UserError
 
 LAYOUTS = ("auto", "on", "off")
@@ -135,7 +135,7 @@ def fuse_conv_elu(g) -> int:
 
 def cpu_ops(base: dict[str, Any], constants: dict[int, Any] | None = None, pointwise: dict[int, Any] | None = None) -> dict[str, Any]:
   """tinygrad's ONNX op table with Conv materialising dense spatial convolutions and running pointwise ones on
-  compile/cpu_pointwise.py, and Elu in kernels of its own (see the module docstring).
+  compile/cpu/pointwise.py, and Elu in kernels of its own (see the module docstring).
 
   constants: the runner's initializer Tensors by id (only those may be padded once and captured); pointwise: filled with
   the padded (weights, bias) per weight id, the pointwise convolutions this table ran."""

@@ -7,16 +7,16 @@ next frame: "a stated workaround, corrupt on QCOM for now". Here h(t) stays on t
 frame's run; the next run samples the same rows master's would (the queue then holds h(t-95) ... h(t)). A dropped frame
 runs the warp-only program, as 0.11's: the image queues advance, the feature and desire queues do not.
 
-The warp and the image queues are DrivingProgram's (compile/program.py, untouched: it is part of the shipped kernel
+The warp and the image queues are DrivingProgram's (compile/programs/driving_step.py, untouched: it is part of the shipped kernel
 searches' fingerprint).
 """
 from __future__ import annotations
 
 from tinygrad import Tensor, TinyJit, dtypes
 
-from compile import one_model
 from compile.onnx_model import OnnxModelInfo
-from compile.program import DESIRE_Q, IMG_Q, DrivingProgram, _push
+from compile.programs import one_model
+from compile.programs.driving_step import DESIRE_Q, IMG_Q, DrivingProgram, _push
 from modeld_msm.constants import DESIRE_LEN, FEATURE_LEN, FRAME_SKIP
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import NV12Info

@@ -6,7 +6,7 @@ tinygrad picks each kernel's optimisations (upcasts, unrolls, ...) by a hand-wri
 the full models takes tens of minutes on a small box, far over the 3-minute compile budget (the figures:
 docs/performance-cpu.md §2 and §6). So we search once
 (`record`, below), export what tinygrad's search cache holds (per kernel: the AST's key and the chosen opts) into
-cpu_search_table.json, and a compile whose kernels are those of a recorded set (same tinygrad, device, models, camera,
+search_table.json, and a compile whose kernels are those of a recorded set (same tinygrad, device, models, camera,
 precision and layout) loads the set into tinygrad's own search cache (tinygrad.helpers.diskcache_put, the table beam
 search reads first) and captures under BEAM: every kernel is then a cache hit, compiled once with the recorded opts.
 A compile of anything else keeps the heuristic: a miss under BEAM would start the search the table exists to avoid.
@@ -17,7 +17,7 @@ a search there would cost minutes of a user's compile and its result varies from
 architecture it was timed on (there is no "nearest" GPU to borrow from).
 
 The table is JSON (op names and integers), not pickles: it is reviewed data, and loading it runs nothing.
-The recorded set is recorded in the artifact's manifest ("search"). Recording, tuning and re-keying: compile/cpu_record.py.
+The recorded set is recorded in the artifact's manifest ("search"). Recording, tuning and re-keying: compile/tuning/record.py.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from artifact.format import installed_versions
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
-TABLE = Path(__file__).with_name("cpu_search_table.json")
+TABLE = Path(__file__).with_name("search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (offcar/demo.py) are keyed by the
 # bytes of compile/*.py, so a re-recorded table also retires artifacts compiled with the old one; and a table edited by hand
 # is refused rather than replayed. `record` updates it.
@@ -48,7 +48,7 @@ ISA_PREFERENCE = ("avx2", "avx512", "neon", "base")
 FORMAT = 1
 
 
-TABLE_ENV = "MODELD_CPU_SEARCH_TABLE"   # a candidate table to compile with instead (compile/cpu_record.py rekey, A/B runs)
+TABLE_ENV = "MODELD_CPU_SEARCH_TABLE"   # a candidate table to compile with instead (compile/tuning/record.py rekey, A/B runs)
 
 
 def load_table(path: Path | None = None) -> dict[str, Any]:
@@ -57,23 +57,23 @@ def load_table(path: Path | None = None) -> dict[str, Any]:
     return {"format": FORMAT, "sets": []}
   data = path.read_bytes()
   if path == TABLE and hashlib.sha256(data).hexdigest() != TABLE_SHA256:
-    raise UserError(f"{path.name} does not match the sha256 recorded in compile/cpu_search.py; re-record it "
-                    "(python -m compile.cpu_record record) or remove it")
+    raise UserError(f"{path.name} does not match the sha256 recorded in compile/cpu/search.py; re-record it "
+                    "(python -m compile.tuning.record record) or remove it")
   table = json.loads(data)
   if table.get("format") != FORMAT:
     raise UserError(f"{path.name}: search table format {table.get('format')!r}, expected {FORMAT}; "
-                    "regenerate it (python -m compile.cpu_record record)")
+                    "regenerate it (python -m compile.tuning.record record)")
   return table
 
 
 # our code that shapes the step's kernels (queues, warp, lowering): an edit there retires every recorded set, so a compile
 # falls back to the heuristic (as fast as before the search) instead of searching the kernels it no longer finds
-KERNEL_SOURCES = ("program.py", "warp.py", "cpu_layout.py", "cpu_pointwise.py")
+KERNEL_SOURCES = ("programs/driving_step.py", "programs/warp.py", "cpu/layout.py", "cpu/pointwise.py")   # under compile/
 
 
 def code_fingerprint() -> str:
   """Of the code, not its text: the syntax trees without docstrings, so fixing a comment or a docstring keeps the sets."""
-  return fingerprint_of([Path(__file__).with_name(name).read_text() for name in KERNEL_SOURCES])
+  return fingerprint_of([(Path(__file__).parents[1] / name).read_text() for name in KERNEL_SOURCES])
 
 
 def fingerprint_of(sources: list[str]) -> str:
@@ -150,13 +150,13 @@ def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = N
     others = sorted({f"{s['match']['isa']} {s['match']['precision']}" for s in table["sets"] if s["match"]["device"] == key["device"]})
     return None, (f"no shipped search for {key['device']} {key['isa']} {key['precision']} with these models/camera"
                   + (f" (shipped: {', '.join(others)}, for the reference models)" if others else "") + ": tinygrad's heuristic opts; "
-                  f"record one with `python -m compile.cpu_record record --device {key['device']}` on such a GPU")
+                  f"record one with `python -m compile.tuning.record record --device {key['device']}` on such a GPU")
   # another ISA level's set: the same kernels, with opts timed elsewhere; still far better than the heuristic on the full models
   other = [s for s in table["sets"] if {**s["match"], "isa": key.get("isa")} == key]
   for s in exact or sorted(other, key=lambda s: ISA_PREFERENCE.index(s["match"].get("isa")) if s["match"].get("isa") in ISA_PREFERENCE else 99):
     why = f"shipped BEAM={s['beam']} search for these models ({len(s['entries'])} kernels, recorded on {s['recorded_on']}"
     why += ")" if exact else (f" for ISA level {s['match'].get('isa')}; none is shipped for this CPU's {key.get('isa')}, so its opts are "
-                              "used as they are: record one with `python -m compile.cpu_record record` on such a CPU)")
+                              "used as they are: record one with `python -m compile.tuning.record record` on such a CPU)")
     if requested == "untuned":
       return untuned(s), why + ", without the tuner's changes"
     return s, why + (f", {n} tuned" if (n := tuned_count(s)) else "")
@@ -164,7 +164,7 @@ def choose(requested: str, key: dict[str, Any], table: dict[str, Any] | None = N
 
 
 def tuned_count(recorded: dict[str, Any]) -> int:
-  """Kernels whose opts the tuner (compile/cpu_tune.py) changed from what the search recorded."""
+  """Kernels whose opts the tuner (compile/tuning/tune.py) changed from what the search recorded."""
   now = {e["ast"]: e["opts"] for e in recorded["entries"]}
   return sum(now.get(t["ast"]) != t["recorded_opts"] for t in recorded.get("tuned", {}).get("kernels", []))
 

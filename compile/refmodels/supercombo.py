@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compile.refmodels import (
+from compile.refmodels.driving import (
   FEATURE_LEN,
   IMG_SHAPE,
   POLICY_SLICES,

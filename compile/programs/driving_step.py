@@ -12,7 +12,7 @@ from tinygrad.helpers import Context
 from tinygrad.nn.onnx import OnnxRunner
 
 from compile.onnx_model import OnnxModelInfo
-from compile.warp import warp_nv12
+from compile.programs.warp import warp_nv12
 from modeld_msm.constants import DESIRE_LEN, FEATURE_LEN, FRAME_SKIP, INPUT_HISTORY_BUFFER_LEN, N_FRAMES
 from selfdrive_glue.nv12 import NV12Info
 
@@ -34,8 +34,8 @@ class DrivingProgram:
     self.vision = OnnxRunner(vision.path).to(device)
     self.policy = OnnxRunner(policy.path).to(device)
     self.layout_rewrites: dict[str, int] = {}   # what the CPU layout rewrote in the models' files (set by build_program)
-    if cpu_ops:  # the CPU layout's op table (compile/cpu_layout.py); the models' files were rewritten by the caller
-      from compile import cpu_layout
+    if cpu_ops:  # the CPU layout's op table (compile/cpu/layout.py); the models' files were rewritten by the caller
+      from compile.cpu import layout as cpu_layout
       cpu_layout.apply(self.vision)
       cpu_layout.apply(self.policy)
     self.vision_dtypes = {k: v.dtype for k, v in self.vision.graph_inputs.items()}

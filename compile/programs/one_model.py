@@ -1,5 +1,5 @@
-"""What a program around one ONNX model needs, shared by the driver-monitoring program (compile/dm_program.py) and master's
-combined driving model (compile/supercombo_program.py): the tinygrad runner, and the program built from the model file as
+"""What a program around one ONNX model needs, shared by the driver-monitoring program (compile/programs/dmonitoring_step.py) and master's
+combined driving model (compile/programs/supercombo_step.py): the tinygrad runner, and the program built from the model file as
 tinygrad runs it in the compile's precision and layout."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 from tinygrad.nn.onnx import OnnxRunner
 
-from compile import cpu_layout
 from compile import precision as precision_mod
+from compile.cpu import layout as cpu_layout
 from compile.onnx_model import OnnxModelInfo
 from selfdrive_glue.nv12 import NV12Info
 
