@@ -20,7 +20,11 @@ def run(args) -> int:
                         pubkey=args.pubkey)
   m = art.meta
   print(f"{art.path}: OK")
-  print(f"  kind     {art.kind}: the {art.spec.title}")
+  print(f"  kind     {art.kind}: the {art.spec.title}, {art.spec.contract}" + ("" if "programs" in m else " (programs not recorded: built "
+                                                                                       "before they were, its kind's assumed)"))
+  for file, prog in art.programs.items():
+    outs = ", ".join(o["name"] for o in prog["outputs"]) or "its state only"
+    print(f"  program  {file} ({prog['role']}): {', '.join(i['name'] for i in prog['inputs'])} -> {outs}")
   print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}")
   print(f"  renderer {m['renderer']}  arch {m['arch']}  host {m['host']}")
   if prec := m.get("precision"):
