@@ -71,7 +71,7 @@ def worker(models: Path, device: str, iters: int, precision: str, profile: bool 
   from artifact.format import verify_artifact
   from artifact.load import frame_tensor, load_programs, read_output
   from compile.build import compile_artifact
-  from modeld_msm.host_inputs import HostInputs
+  from modeld_msm.named_program import host_of, host_tensors
   from selfdrive_glue.nv12 import nv12_info
   res: dict = {"device": device, "env": {k: os.environ[k] for k in ("BEAM", "NUM_CPU_THREADS") if k in os.environ}}
   out = Path(tempfile.mkdtemp(prefix="bench_compile_")) / "artifact"
@@ -95,11 +95,11 @@ def worker(models: Path, device: str, iters: int, precision: str, profile: bool 
   nv, rng = nv12_info(*CAMERA), np.random.default_rng(0)
   bufs = [rng.integers(0, 256, nv.size, dtype=np.uint8) for _ in range(4)]
   frames = [frame_tensor(b, dev) for b in bufs]
-  host = HostInputs.zeros()
-  host.tfm[:] = [[2.9, 0, 219], [0, 2.9, 465], [0, 0, 1]]
-  host.big_tfm[:] = [[1.25, 0, 645], [0, 1.25, 415], [0, 0, 1]]
-  host.traffic_convention[:] = [[1, 0]]
-  ht = host.tensors()
+  host = host_of()
+  host["tfm"][:] = [[2.9, 0, 219], [0, 2.9, 465], [0, 0, 1]]
+  host["big_tfm"][:] = [[1.25, 0, 645], [0, 1.25, 415], [0, 0, 1]]
+  host["traffic_convention"][:] = [[1, 0]]
+  ht = host_tensors(host)
   step = [0]
 
   def fused():

@@ -44,10 +44,12 @@ class ModelState:
     self.programs = {role: NamedProgram(jit, *reversed(self.artifact.program(role))) for role, jit in jits.items()}
     for p in self.programs.values():
       p.require(PROVIDED)
-    self.step, self.warp = self.programs["step"], self.programs["warp"]
+    # a kind without a warp program (master's stateful model) runs nothing on a dropped frame
+    self.step, self.warp = self.programs["step"], self.programs.get("warp")
 
   def _warm_up(self) -> None:
-    self._call(self.warp, self._frame("main", self._zero), self._frame("extra", self._zero))  # like openpilot: warm the warp once
+    if self.warp is not None:   # like openpilot: warm the warp once
+      self._call(self.warp, self._frame("main", self._zero), self._frame("extra", self._zero))
 
   def reset(self) -> None:
     """Back to the state of a freshly loaded artifact (device queues zero, desire pulse and host inputs cleared, warp warmed),
@@ -90,7 +92,8 @@ class ModelState:
     frame, big_frame = self._frame("main", buf, upload=True), self._frame("extra", big_buf, upload=True)
     if prepare_only:
       t0 = time.perf_counter()
-      self._call(self.warp, frame, big_frame)
+      if self.warp is not None:
+        self._call(self.warp, frame, big_frame)
       self.last_times = (time.perf_counter() - t0, 0.0)
       return None, None
     t0 = time.perf_counter()

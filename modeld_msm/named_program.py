@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from tinygrad import Tensor
 
+from artifact import kinds
 from artifact.kinds import HOST
 from selfdrive_glue.errors import UserError
 
@@ -37,6 +38,11 @@ class NamedProgram:
 def host_arrays(spec: dict[str, Any]) -> dict[str, np.ndarray]:
   """Zeroed arrays for a program's host inputs, shaped and typed as it records them: the caller writes them in place."""
   return {io["name"]: np.zeros(tuple(io["shape"]), np.dtype(io["dtype"])) for io in spec["inputs"] if io["role"] == HOST}
+
+
+def host_of(kind: kinds.Kind = kinds.DEFAULT) -> dict[str, np.ndarray]:
+  """Zeroed host inputs of a kind's step program, for tools and tests that call its programs directly."""
+  return host_arrays(kind.program("step").as_meta())
 
 
 def host_tensors(arrays: dict[str, np.ndarray]) -> dict[str, Tensor]:

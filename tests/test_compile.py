@@ -18,20 +18,20 @@ from compile.checks import ORT_ATOL, ORT_RTOL
 from compile.onnx_model import load_model_info
 from compile.programs.driving_step import FRAME_SKIP, DrivingProgram
 from compile.refmodels.driving import POLICY_SLICES, VISION_SLICES, encode_output_slices, write_models
-from modeld_msm.host_inputs import HostInputs
+from modeld_msm.named_program import host_of, host_tensors
 from selfdrive_glue.nv12 import nv12_info
 
 CAM_1344 = pytest.param((1344, 760), marks=pytest.mark.xdist_group("cpu_artifact_1344"), id="1344x760")
 
 
-def _random_host(rng: np.random.Generator, host: HostInputs) -> None:
-  host.tfm[:] = [[2.9, 0.02, 219.0], [-0.01, 2.9, 465.0], [0.0, 0.0, 1.0]]
-  host.tfm[:2] += rng.normal(0, [[0.05, 0.05, 30.0]], (2, 3))
-  host.big_tfm[:] = [[1.25, 0.0, 645.0], [0.0, 1.25, 415.0], [0.0, 0.0, 1.0]]
-  host.big_tfm[:2] += rng.normal(0, [[0.02, 0.02, 20.0]], (2, 3))
-  host.desire[:] = rng.random(8) > 0.7
-  host.traffic_convention[:] = 0
-  host.traffic_convention[0, int(rng.integers(0, 2))] = 1
+def _random_host(rng: np.random.Generator, host: dict[str, np.ndarray]) -> None:
+  host["tfm"][:] = [[2.9, 0.02, 219.0], [-0.01, 2.9, 465.0], [0.0, 0.0, 1.0]]
+  host["tfm"][:2] += rng.normal(0, [[0.05, 0.05, 30.0]], (2, 3))
+  host["big_tfm"][:] = [[1.25, 0.0, 645.0], [0.0, 1.25, 415.0], [0.0, 0.0, 1.0]]
+  host["big_tfm"][:2] += rng.normal(0, [[0.02, 0.02, 20.0]], (2, 3))
+  host["desire"][:] = rng.random(8) > 0.7
+  host["traffic_convention"][:] = 0
+  host["traffic_convention"][0, int(rng.integers(0, 2))] = 1
 
 
 def _unjitted(models: Path, camera: tuple[int, int], compute: str = "fp16") -> DrivingProgram:
@@ -81,16 +81,16 @@ def test_loaded_artifact_equals_fresh_unjitted_program(camera, tiny_models, requ
   state = ModelState(art, device="CPU", camera=camera)
   prog = _unjitted(tiny_models, camera, state.artifact.meta["precision"]["compute"])
   nv, rng = nv12_info(*camera), np.random.default_rng(1)
-  host, prev_desire, outs = HostInputs.zeros(), np.zeros(8, np.float32), []
-  host_t = host.tensors()
+  host, prev_desire, outs = host_of(), np.zeros(8, np.float32), []
+  host_t = host_tensors(host)
   for step, kind in enumerate("PWP"):  # a full step after a dropped frame is where aliasing JIT buffers showed up
     bufs = [rng.integers(0, 256, nv.size, dtype=np.uint8) for _ in range(2)]
     desire_in = np.zeros(8, np.float32)
     desire_in[1 + step % 3] = 1
     _random_host(rng, host)
-    host.desire[:] = np.where(desire_in - prev_desire > .99, desire_in, 0)  # the pulse ModelState makes from desire_in
+    host["desire"][:] = np.where(desire_in - prev_desire > .99, desire_in, 0)  # the pulse ModelState makes from desire_in
     prev_desire = desire_in
-    parsed, raw = state.run(bufs[0], bufs[1], host.tfm.copy(), host.big_tfm.copy(), desire_in, host.traffic_convention.copy(), kind == "W")
+    parsed, raw = state.run(bufs[0], bufs[1], host["tfm"].copy(), host["big_tfm"].copy(), desire_in, host["traffic_convention"].copy(), kind == "W")
     args = (frame_tensor(bufs[0], "CPU"), frame_tensor(bufs[1], "CPU"), host_t["desire"], host_t["traffic_convention"], host_t["tfm"],
             host_t["big_tfm"])
     if kind == "W":
@@ -219,23 +219,23 @@ def test_queue_semantics(tmp_path, jitted):
   nv = nv12_info(1344, 760)
   prog = _unjitted(models, (1344, 760))
   run_policy, run_warp = prog.jits() if jitted else (prog.run_policy, prog.run_warp)
-  host, model, rng = HostInputs.zeros(), _QueueModel(), np.random.default_rng(0)
-  host_t = host.tensors()
-  host.tfm[:], host.big_tfm[:] = np.eye(3), np.eye(3)
+  host, model, rng = host_of(), _QueueModel(), np.random.default_rng(0)
+  host_t = host_tensors(host)
+  host["tfm"][:], host["big_tfm"][:] = np.eye(3), np.eye(3)
   frames = [(_parity_frame(nv, _base(t)), _parity_frame(nv, _big_base(t))) for t in range(len(PLAN))]  # a new buffer every frame
   for t, kind in enumerate(PLAN):
-    host.desire[:] = np.eye(8, dtype=np.float32)[t % 8] * (rng.random() < .5)
-    host.traffic_convention[:] = [[t % 2, 1 - t % 2]]
+    host["desire"][:] = np.eye(8, dtype=np.float32)[t % 8] * (rng.random() < .5)
+    host["traffic_convention"][:] = [[t % 2, 1 - t % 2]]
     args = (frame_tensor(frames[t][0], "CPU"), frame_tensor(frames[t][1], "CPU"), host_t["desire"], host_t["traffic_convention"],
             host_t["tfm"], host_t["big_tfm"])
-    model.step(t, host.desire, kind == "P")
+    model.step(t, host["desire"], kind == "P")
     if kind == "W":
       img = run_warp(*args).numpy()
-      want_px, _ = model.expected(host.traffic_convention)
+      want_px, _ = model.expected(host["traffic_convention"])
       assert np.array_equal(img[0, :, 0, 0], want_px[:12]), f"frame {t} (warp-only): image pair"
       continue
     v, p = (x.numpy().reshape(-1) for x in run_policy(*args))
-    want_v, want_p = model.expected(host.traffic_convention)
+    want_v, want_p = model.expected(host["traffic_convention"])
     assert np.array_equal(v[:24], want_v), f"frame {t}: image pair {v[:24]} != {want_v}"
     assert np.array_equal(v[1064:1064 + 256], np.full(256, _base(t))), f"frame {t}: hidden_state is not the current frame's"
     assert np.array_equal(p[:25], want_p[:25]), f"frame {t}: features_buffer {p[:25]} != {want_p[:25]}"

@@ -27,7 +27,7 @@ def test_replay_is_bit_exact_with_tinygrads_executor(cpu_artifact_1344):
   """Two loads of one artifact, one replayed, fed the same changing inputs (frames swapped, desire pulses, transforms,
   warp-only steps between full ones): every output and every queue they carry between steps stays bit-identical."""
   from artifact.load import frame_tensor
-  from modeld_msm.host_inputs import HostInputs
+  from modeld_msm.named_program import host_of, host_tensors
   from selfdrive_glue.nv12 import nv12_info
   art, plain, fast = _load_both(cpu_artifact_1344)
   assert all(isinstance(j, cpu_replay.CpuReplay) for j in fast) and not any(isinstance(j, cpu_replay.CpuReplay) for j in plain)
@@ -37,14 +37,14 @@ def test_replay_is_bit_exact_with_tinygrads_executor(cpu_artifact_1344):
   rng = np.random.default_rng(0)
   pixels = [rng.integers(0, 256, nv.size, dtype=np.uint8) for _ in range(4)]
   frames = [frame_tensor(p, "CPU") for p in pixels]
-  host = HostInputs.zeros()
-  ht = host.tensors()
+  host = host_of()
+  ht = host_tensors(host)
   for i in range(12):
-    host.desire[...] = 0
-    host.desire.reshape(-1)[i % host.desire.size] = 1.0
-    host.traffic_convention[...] = [[i % 2, 1 - i % 2]]
-    host.tfm[...] = np.eye(3) + 0.02 * i
-    host.big_tfm[...] = np.eye(3) - 0.01 * i
+    host["desire"][...] = 0
+    host["desire"].reshape(-1)[i % host["desire"].size] = 1.0
+    host["traffic_convention"][...] = [[i % 2, 1 - i % 2]]
+    host["tfm"][...] = np.eye(3) + 0.02 * i
+    host["big_tfm"][...] = np.eye(3) - 0.01 * i
     j = 2 * (i % 2)
     args = (frames[j], frames[j + 1], ht["desire"], ht["traffic_convention"], ht["tfm"], ht["big_tfm"])
     outs = []
@@ -64,10 +64,10 @@ def test_unexpected_inputs_are_refused(cpu_artifact_1344):
   from tinygrad.engine.jit import JitError
 
   from artifact.load import frame_tensor
-  from modeld_msm.host_inputs import HostInputs
+  from modeld_msm.named_program import host_of, host_tensors
   from selfdrive_glue.nv12 import nv12_info
   art, _, (policy, _warp) = _load_both(cpu_artifact_1344)
-  ht = HostInputs.zeros().tensors()
+  ht = host_tensors(host_of())
   host = (ht["desire"], ht["traffic_convention"], ht["tfm"], ht["big_tfm"])
   frames = [frame_tensor(np.zeros(nv12_info(*art.camera).size, np.uint8), "CPU") for _ in range(2)]
   policy(*frames, *host)   # the first call: tinygrad's, which the sizes are taken from

@@ -560,7 +560,7 @@ def test_decoder_agrees_with_mesa_on_the_full_reference_program(tmp_path):
   from compile.onnx_model import load_model_info
   from compile.programs.driving_step import DrivingProgram
   from compile.refmodels.driving import write_models
-  from modeld_msm.host_inputs import HostInputs
+  from modeld_msm.named_program import host_of, host_tensors
   from selfdrive_glue.nv12 import nv12_info
   write_models(tmp_path, "full", 0)
   node = _emu().iface.node
@@ -574,7 +574,7 @@ def test_decoder_agrees_with_mesa_on_the_full_reference_program(tmp_path):
       nv = nv12_info(1928, 1208)
       prog = DrivingProgram(load_model_info(tmp_path / "driving_vision.onnx", "vision"), load_model_info(tmp_path / "driving_policy.onnx", "policy"),
                             nv, "QCOM")
-      host = HostInputs.zeros().tensors()
+      host = host_tensors(host_of())
       from tinygrad import Tensor
       frame = Tensor(np.zeros(nv.size, np.uint8), device="QCOM")
       v, p = prog.run_policy(frame, frame, host["desire"], host["traffic_convention"], host["tfm"], host["big_tfm"])

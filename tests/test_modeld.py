@@ -147,16 +147,16 @@ def test_desire_pulse_only_on_rising_edge(core_factory):
   d = np.zeros(8, np.float32)
   d[3] = 1
   ms.run(z, z, eye, eye, d, tc, True)            # edge on a dropped frame: prev is updated, the pulse is lost
-  assert ms.host.desire[3] == 1                   # written for the warp JIT's inputs anyway
+  assert ms.host["desire"][3] == 1                   # written for the warp JIT's inputs anyway
   ms.run(z, z, eye, eye, d, tc, False)
-  assert ms.host.desire[3] == 0                   # held: no new edge
+  assert ms.host["desire"][3] == 0                   # held: no new edge
   ms.run(z, z, eye, eye, np.zeros(8, np.float32), tc, False)
   ms.run(z, z, eye, eye, d, tc, False)
-  assert ms.host.desire[3] == 1
+  assert ms.host["desire"][3] == 1
   d0 = np.zeros(8, np.float32)
   d0[0] = 1
   ms.run(z, z, eye, eye, d0, tc, False)
-  assert ms.host.desire[0] == 0                   # "none" never pulses
+  assert ms.host["desire"][0] == 0                   # "none" never pulses
 
 
 # ---- across processes: our VisionIPC server + msgq publishers -> `python -m modeld_msm.modeld` -> our SubMaster ----

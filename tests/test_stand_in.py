@@ -50,8 +50,8 @@ def _drive(artifact, rpy_sign: float = 1.0, focal_scale: float = 1.0, slice_shif
   scene = RoadScene(SEED, CAMERA)
   ms = ModelState(artifact, device="CPU")
   if slice_shift:   # the planted parsing bug: the lane-line head read `slice_shift` columns off (1: y and z swapped)
-    s = ms.vision_slices["lane_lines"]
-    ms.vision_slices = {**ms.vision_slices, "lane_lines": slice(s.start + slice_shift, s.stop + slice_shift)}
+    s = ms.slices["vision"]["lane_lines"]
+    ms.slices = {**ms.slices, "vision": {**ms.slices["vision"], "lane_lines": slice(s.start + slice_shift, s.stop + slice_shift)}}
   tfm, big_tfm = _transforms(scene, rpy_sign, focal_scale)
   _, lat_t = action_times(0.0, 0.2)
   road, wide = scene.render(0.0), scene.render(0.0, "wide")

@@ -92,9 +92,9 @@ def test_core_feeds_action_t_from_the_delays_and_takes_the_action_head(combined_
   for n, lat in ((1, 0.2), (2, 0.35), (3, 0.1)):
     core.on_message(event_reader("liveDelay", lateralDelay=lat))
     out = dict(core.on_frame(Frame(buf, n, n * 50_000_000, n * 50_000_000 + 1)))
-    assert core.model.action_t[0] == pytest.approx([lat + 1.5 * DT_MDL, DEMO_LONG_ACTUATOR_DELAY + LONG_SMOOTH_SECONDS + 1.5 * DT_MDL])
+    assert core.model.host["action_t"][0] == pytest.approx([lat + 1.5 * DT_MDL, DEMO_LONG_ACTUATOR_DELAY + LONG_SMOOTH_SECONDS + 1.5 * DT_MDL])
     m = messaging.log_from_bytes(out["modelV2"]).modelV2
-    raw_accel = float(raws[-1][core.model.slices["action"]][1])
+    raw_accel = float(raws[-1][core.model.slices["outputs"]["action"]][1])
     prev = float(np.float32(smooth_value(raw_accel, prev, LONG_SMOOTH_SECONDS)))
     assert m.action.desiredAcceleration == pytest.approx(prev, abs=1e-6)
     assert m.action.desiredCurvature == 0.0 and m.action.shouldStop == (raw_accel < 0.1)   # v_ego 0: held, stop below 0.1 m/s^2

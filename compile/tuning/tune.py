@@ -37,7 +37,7 @@ from compile.cpu.search import opts_json, search_key
 from compile.onnx_model import load_model_info
 from compile.programs.driving import build_program
 from compile.report import CompileReport
-from modeld_msm.host_inputs import HostInputs
+from modeld_msm.named_program import host_of, host_tensors
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info
 
@@ -120,7 +120,7 @@ def step_kernels(recorded: dict[str, Any], models: dict[str, Path], camera: tupl
     ort_check(pinfo, prog.policy, rng, CompileReport(Path(td)))
     pixels = rng.integers(0, 256, nv.size, dtype=np.uint8)   # the frame tensor is a view of it (frame_tensor): keep it
     frame = frame_tensor(pixels, "CPU")
-    ht = HostInputs.zeros().tensors()
+    ht = host_tensors(host_of())
     args = (frame, frame, ht["desire"], ht["traffic_convention"], ht["tfm"], ht["big_tfm"])
     prog.run_warp(*args).numpy()
     [t.numpy() for t in prog.run_policy(*args)]
