@@ -97,7 +97,8 @@ def artifact(path: Path) -> dict[str, np.ndarray]:
       out[f"step_{i}"] = raw.copy()
   dev = Device["QCOM"]
   print(driver_line(dev), flush=True)
-  out["faults"] = np.array([len(dev.iface.node.stats.faults)])
+  node = dev.iface.node
+  out["faults"] = np.array([len(node.stats.faults), node.execute and node.stats.dispatches > 0])
   return out
 
 
