@@ -39,13 +39,6 @@ def patched(tmp_path_factory) -> Path:
   return series.apply(tmp_path_factory.mktemp("tinygrad_patched") / "site")
 
 
-def _apply_first(n: int, dest: Path) -> Path:
-  series._pristine(dest)
-  for p in series.patches()[:n]:
-    series._git(dest, "apply", str(p))
-  return dest
-
-
 IMPORT = ("import tinygrad.runtime.ops_qcom as q, sys; assert q.__file__.startswith(sys.argv[1]), q.__file__; "
           "print(sorted(i.__name__ for i in getattr(q.QCOMDevice, 'ifaces', [])))")
 
@@ -55,7 +48,7 @@ def test_each_patch_applies_on_a_pristine_copy_and_stands_alone(tmp_path):
   assert len(ps) == 3
   want = ["[]", "['KGSLIface']", "['KGSLIface', 'MSMIface']"]
   for n in (1, 2, 3):
-    site = _apply_first(n, tmp_path / f"p{n}")
+    site = series.apply(tmp_path / f"p{n}", upto=n)
     r = _run(["-c", IMPORT, str(site)], pythonpath=site)
     assert r.returncode == 0 and r.stdout.strip() == want[n - 1], (n, r.stdout, r.stderr[-2000:])
   touched = {f for p in ps for f in re.findall(r"^diff --git a/(\S+) ", p.read_text(), re.M)}
@@ -70,7 +63,7 @@ def test_patch_1_leaves_no_gpu_address_used_as_a_cpu_pointer(tmp_path):
     return [line.strip() for line in src.splitlines() if re.search(r"(to_mv|memset)\([^)]*(\.va_addr|gpuaddr)", line)]
   pristine = (series.installed_tinygrad() / "tinygrad/runtime/ops_qcom.py").read_text()
   assert len(gpu_pointer_writes(pristine)) >= 5   # what 0.14.0 does (the CPU and GPU address coincide on KGSL)
-  assert gpu_pointer_writes((_apply_first(1, tmp_path / "p1") / "tinygrad/runtime/ops_qcom.py").read_text()) == []
+  assert gpu_pointer_writes((series.apply(tmp_path / "p1", upto=1) / "tinygrad/runtime/ops_qcom.py").read_text()) == []
 
 
 def test_kgsl_path_is_unchanged_by_the_series(patched, tmp_path):

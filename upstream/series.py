@@ -119,10 +119,10 @@ def tree(dest: Path) -> Path:
   return dest
 
 
-def apply(dest: Path) -> Path:
-  """The installed tinygrad 0.14.0 copied into dest/tinygrad with every patch of the series applied in order."""
+def apply(dest: Path, upto: int | None = None) -> Path:
+  """The installed tinygrad 0.14.0 copied into dest/tinygrad with the series (its first `upto` patches) applied in order."""
   _pristine(dest)
-  for p in patches():
+  for p in patches()[:upto]:
     _git(dest, "apply", "--whitespace=nowarn", str(p))
   return dest
 
