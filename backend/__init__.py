@@ -31,10 +31,14 @@ def install() -> None:
   from tinygrad.device import Device
   from tinygrad.runtime import ops_qcom
 
-  from backend.qcom import QCOMDevice
   if any(d.split(":")[0] == "QCOM" for d in Device._opened_devices):
     raise RuntimeError("backend.install() ran after Device['QCOM'] was opened; call it first (before any QCOM tensor or pickle.load)")
-  ops_qcom.QCOMDevice = QCOMDevice  # type: ignore[misc]
+  from backend import patched
+  if patched.is_patched(ops_qcom):   # the upstream/ series is applied: tinygrad's own driver runs msm, we add only the emulated node
+    patched.install(ops_qcom)
+  else:
+    from backend.qcom import QCOMDevice
+    ops_qcom.QCOMDevice = QCOMDevice  # type: ignore[misc]
   Device.get_class.cache_clear()   # a lookup made before install() (nothing opened) must not keep upstream's class
   _installed = True
 
