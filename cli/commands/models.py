@@ -1,21 +1,24 @@
 """`modeld-msm models`: write reference models with openpilot's I/O contracts: the driving pair (driving_vision.onnx +
-driving_policy.onnx), master's combined driving model (driving_supercombo.onnx, the pair of the same seed fused) or the
+driving_policy.onnx), master's combined driving model (driving_supercombo.onnx, the pair of the same seed fused), master's
+stateful driving model (driving_supercombo.onnx since 2026-09: the same fused pair with its history queues in the graph) or the
 driver-monitoring model (dmonitoring_model.onnx)."""
 from __future__ import annotations
 
 from compile.dm_refmodel import write_dm_model
 from compile.refmodels import write_models
+from compile.stateful_refmodel import write_stateful_model
 from compile.supercombo_refmodel import write_supercombo_model
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
 
 
 def add_arguments(parser) -> None:
-  parser.add_argument("--contract", choices=("driving", "supercombo", "dmonitoring"), default="driving",
+  parser.add_argument("--contract", choices=("driving", "supercombo", "stateful", "dmonitoring"), default="driving",
                       help="driving: 0.11's vision + policy pair (default); supercombo: master's combined driving model (the pair of "
-                           "this seed fused into one graph, with an action head); dmonitoring: the driver-monitoring model")
+                           "this seed fused into one graph, with an action head); stateful: master's model since 2026-09 (the same fused pair, "
+                           "its history queues as state_*/next_state_* pairs in the graph); dmonitoring: the driver-monitoring model")
   parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: the shipped size class "
-                      "(0.11.1's pair, master's 96.6 MB combined file, the DM's ~7.5 MB)")
+                      "(0.11.1's pair, master's 96.6 MB combined file, the 60.7 MB stateful file, the DM's ~7.5 MB)")
   parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the .onnx file(s) into (created if missing)")
   parser.add_argument("--seed", type=integer(0), default=0, help="weight seed; the same seed writes identical bytes (default 0)")
   parser.add_argument("--stand-in", action="store_true", help="the trained tiny stand-in's weights (those the demo runs) instead of random ones")
@@ -30,6 +33,8 @@ def run(args) -> int:
     written = {"dmonitoring": write_dm_model(args.output, args.size, args.seed, stand_in=args.stand_in)}
   elif args.contract == "supercombo":
     written = {"supercombo": write_supercombo_model(args.output, args.size, args.seed, stand_in=args.stand_in)}
+  elif args.contract == "stateful":
+    written = {"stateful": write_stateful_model(args.output, args.size, args.seed, stand_in=args.stand_in)}
   else:
     written = write_models(args.output, args.size, args.seed, stand_in=args.stand_in)
   weights = "stand-in" if args.stand_in else f"seed={args.seed}"
