@@ -40,6 +40,7 @@ class DMStats:
   nonfinite_steps: int = 0
   bad_inputs: int = 0
   last_model_s: float = 0.0
+  last_gpu_s: float = 0.0     # the program's run and read-back alone (driverStateV2.gpuExecutionTime), as openpilot times it
 
 
 class DMonitoringCore:
@@ -89,7 +90,10 @@ class DMonitoringCore:
   def run(self, buf: np.ndarray) -> np.ndarray:
     """The raw output vector (float32) for one driver-camera buffer under the current calib and warp matrix."""
     frame = self.frames.get("driver", buf, upload=True)
-    return read_output(self.jit(frame, self.host_t["m_inv"], self.host_t["calib"]))
+    t = self.clock()
+    out = read_output(self.jit(frame, self.host_t["m_inv"], self.host_t["calib"]))
+    self.stats.last_gpu_s = self.clock() - t
+    return out
 
   def on_frame(self, main: Frame, extra: Frame | None = None, log_mono_time: int | None = None) -> list[tuple[str, bytes]]:
     self.stats.frames += 1
@@ -112,6 +116,7 @@ class DMonitoringCore:
     msg = messaging.new_message("driverStateV2", valid=finite)
     if log_mono_time is not None:
       msg.logMonoTime = log_mono_time
-    fill_driver_state(msg, parse_dm_outputs(raw, self.slices), main.frame_id, t2 - t1, t2 - t1, raw if SEND_RAW_PRED else None)
+    fill_driver_state(msg, parse_dm_outputs(raw, self.slices), main.frame_id, t2 - t1, self.stats.last_gpu_s,
+                      raw if SEND_RAW_PRED else None)
     self.stats.published += 1
     return [("driverStateV2", msg.to_bytes())]

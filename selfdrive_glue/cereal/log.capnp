@@ -494,6 +494,10 @@ struct ModelDataV2 {
   unused24 @24 :UInt64;
   unused25 @25 :AnyPointer;
   action @26 :ModelDataV2.Action;
+  # openpilot master (PR #38555, 2026-08): whether the big (Chestnut eGPU) model drove this frame; false on the comma GPU.
+  # The ordinal is the next free one, unconfirmed (master's log.capnp was not readable here); a false Bool is no bytes
+  # on the wire, so what we send reads the same whatever master's ordinal is.
+  big @27 :Bool;
   struct Action {
     desiredCurvature @0 :Float32;
     desiredAcceleration @1 :Float32;
@@ -563,6 +567,8 @@ struct DrivingModelData {
   path @5 :PolyPath;
   frameDropPerc @6 :Float32;
   modelExecutionTime @7 :Float32;
+  # openpilot master (PR #38747, 2026-09): as modelV2.big; the next free ordinal, unconfirmed (see modelV2.big)
+  big @8 :Bool;
   struct PolyPath {
     xCoefficients @0 :List(Float32);
     yCoefficients @1 :List(Float32);
