@@ -131,8 +131,8 @@ def test_big_is_false_and_writes_no_bytes_so_its_unconfirmed_ordinal_cannot_misl
 
 @pytest.mark.slow
 def test_modeld_serves_an_openpilot_that_publishes_masters_names_only(cpu_artifact_1928, prefix):
-  """narrowRoadCameraState + extrinsicsCalibration + VISION_STREAM_NARROW_ROAD, nothing under 0.11's names: modeld publishes
-  valid (calibrated) messages with the frame age taken from narrowRoadCameraState, and lateralDelay reaches the action."""
+  """narrowRoadCameraState + extrinsicsCalibration + lateralDelay + VISION_STREAM_NARROW_ROAD, nothing under 0.11's names:
+  modeld publishes valid (calibrated) messages, and lateralDelay reaches the action."""
   h = ModeldHarness(cpu_artifact_1928, master_names=True)
   pm = messaging.PubMaster(["lateralDelay"])
   cs = messaging.new_message("carState", valid=True)
@@ -143,7 +143,9 @@ def test_modeld_serves_an_openpilot_that_publishes_masters_names_only(cpu_artifa
     for n in range(2, 6):
       h.pm.send("carState", car_state)
       m, o = h.step(n)
-      assert m is not None and h.sm.valid["modelV2"], stop_process(h.proc)   # valid = calibrated: extrinsicsCalibration was read
+      # valid = calibrated, and modeld computes the transforms only once it holds the road camera state (its sensor) and a
+      # fresh calibration: both came under master's names only
+      assert m is not None and h.sm.valid["modelV2"], stop_process(h.proc)
       assert m.frameId == o.frameId == n and m.frameAge == 0
     curvature = m.action.desiredCurvature
     ld = messaging.new_message("lateralDelay", valid=True)
