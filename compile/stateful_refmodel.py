@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compile.onnx_model import decode_output_slices
 from compile.refmodels import FEATURE_LEN, WrittenModel, build_model, count_macs, count_params, encode_output_slices, stand_in_model
-from compile.supercombo_refmodel import PAST, fuse
+from compile.supercombo_refmodel import PAST, fuse, slices
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
@@ -45,15 +44,17 @@ STATES = {"state_img_q": ((CAMERAS, IMG_ROWS, 6, 128, 256), "uint8"), "state_des
 _JUNE_INPUTS = ("img", "big_img", "features_buffer", "desire_pulse", "traffic_convention", "action_t")
 
 
-def statefulize(combined, checkpoint: str = "modeld-msm-stateful"):
-  """June's combined ModelProto (compile/supercombo_refmodel.fuse) -> the same network in master's stateful contract."""
+def statefulize(combined, checkpoint: str = "modeld-msm-stateful", out_slices: dict[str, slice] | None = None):
+  """June's combined ModelProto (compile/supercombo_refmodel.fuse) -> the same network in master's stateful contract.
+  out_slices: the combined model's layout, fuse's (with its action head) unless given; passed in rather than read back
+  from the metadata, which only compile/onnx_model.py reads."""
   import onnx
   from onnx import TensorProto, helper, numpy_helper
 
   graph = combined.graph
   if sorted(i.name for i in graph.input) != sorted(_JUNE_INPUTS) or [o.name for o in graph.output] != ["outputs"]:
     raise UserError("statefulize takes the June combined model (inputs " + ", ".join(_JUNE_INPUTS) + "; one output 'outputs')")
-  out_slices = decode_output_slices({p.key: p.value for p in combined.metadata_props}["output_slices"])
+  out_slices = slices() if out_slices is None else out_slices
   hidden = out_slices["hidden_state"]
   width = graph.output[0].type.tensor_type.shape.dim[1].dim_value
   f16, f32, u8 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.UINT8
