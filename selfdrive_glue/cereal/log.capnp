@@ -13,7 +13,7 @@ struct Event {
   logMonoTime @0 :UInt64;
   union {
     initData @1 :InitData;
-    roadCameraState @2 :FrameData;
+    roadCameraState @2 :FrameData;   # master's narrowRoadCameraState (same ordinal: selfdrive_glue/services.py RENAMED)
     gpsNMEA @3 :AnyPointer;
     sensorEventDEPRECATED @4 :AnyPointer;
     can @5 :AnyPointer;
@@ -30,7 +30,7 @@ struct Event {
     liveTracksDEPRECATED @16 :AnyPointer;
     sendcan @17 :AnyPointer;
     logMessage @18 :AnyPointer;
-    liveCalibration @19 :LiveCalibrationData;
+    liveCalibration @19 :LiveCalibrationData;   # master's extrinsicsCalibration (same ordinal: selfdrive_glue/services.py RENAMED)
     androidLog @20 :AnyPointer;
     gpsLocation @21 :AnyPointer;
     carState @22 :Car.CarState;
@@ -80,7 +80,7 @@ struct Event {
     thumbnail @66 :AnyPointer;
     onroadEventsDEPRECATED @68 :AnyPointer;
     carParams @69 :Car.CarParams;
-    driverCameraState @70 :FrameData;
+    driverCameraState @70 :FrameData;   # master's cabinCameraState (same ordinal: selfdrive_glue/services.py RENAMED)
     driverMonitoringState @71 :DriverMonitoringState;
     liveLocationKalmanDEPRECATED @72 :AnyPointer;
     sentinel @73 :AnyPointer;
@@ -156,7 +156,7 @@ struct Event {
     customReserved17 @143 :AnyPointer;
     customReserved18 @144 :AnyPointer;
     customReserved19 @145 :AnyPointer;
-    liveDelay @146 :LiveDelayData;
+    liveDelay @146 :LiveDelayData;   # master's lateralDelay (same ordinal: selfdrive_glue/services.py RENAMED)
     rawAudioData @147 :AnyPointer;
     bookmarkButton @148 :AnyPointer;
     audioFeedback @149 :AnyPointer;
