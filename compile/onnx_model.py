@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from artifact import kinds
+from compile.stateful_contract import check_stateful, is_stateful
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file
 
@@ -29,10 +30,12 @@ DM_INPUTS = {"input_img": ((1, 1440 * 960), {"uint8"}), "calib": ((1, 3), {"floa
 SUPERCOMBO_INPUTS = {**VISION_INPUTS, "features_buffer": ((1, 24, 512), {"float16", "float32"}),
                      "desire_pulse": POLICY_INPUTS["desire_pulse"], "traffic_convention": POLICY_INPUTS["traffic_convention"],
                      "action_t": ((1, 2), {"float16", "float32"})}
-INPUTS: dict[str, dict[str, Any]] = {"vision": VISION_INPUTS, "policy": POLICY_INPUTS, "dmonitoring": DM_INPUTS, "supercombo": SUPERCOMBO_INPUTS}
+INPUTS: dict[str, dict[str, Any]] = {"vision": VISION_INPUTS, "policy": POLICY_INPUTS, "dmonitoring": DM_INPUTS, "supercombo": SUPERCOMBO_INPUTS,
+                                     "stateful": {}}   # stateful: read from the graph (compile/stateful_contract.py)
 # what each contract's file is called in openpilot's tree, for messages
 FILES = {"vision": "driving_vision.onnx (openpilot 0.11)", "policy": "driving_policy.onnx (openpilot 0.11)",
-         "dmonitoring": "dmonitoring_model.onnx", "supercombo": "driving_supercombo.onnx (openpilot master since PR #38173)"}
+         "dmonitoring": "dmonitoring_model.onnx", "supercombo": "driving_supercombo.onnx (openpilot master since PR #38173)",
+         "stateful": "driving_supercombo.onnx (openpilot master since 2026-09, stateful)"}
 # the heads dmonitoringmodeld parses, per driver side; sleep_prob (0.11.1) is read when present
 DM_HEADS = ("face_descs", "face_prob", "left_eye_prob", "right_eye_prob", "left_blink_prob", "right_blink_prob", "sunglasses_prob",
             "using_phone_prob")
@@ -40,12 +43,13 @@ DM_HEADS = ("face_descs", "face_prob", "left_eye_prob", "right_eye_prob", "left_
 SUPERCOMBO_HEADS = ("lane_lines", "lane_lines_prob", "road_edges", "meta", "desire_pred", "pose", "wide_from_device_euler",
                     "road_transform", "plan", "lead", "lead_prob", "desire_state")
 REQUIRED_SLICES = {"vision": ("hidden_state",), "policy": ("plan", "desire_state"), "supercombo": (*SUPERCOMBO_HEADS, "hidden_state"),
+                   "stateful": SUPERCOMBO_HEADS,   # the graph pushes its own hidden state: the slice need not be published
                    "dmonitoring": (*(f"{h}_{s}" for s in ("lhd", "rhd") for h in DM_HEADS), "wheel_on_right")}
 # widths the parsers rely on: 6 means + 6 log-stds per face; every other DM head is one value
 SLICE_WIDTHS = {"dmonitoring": {f"face_descs_{s}": 12 for s in ("lhd", "rhd")}}
 DM_SCALARS = {"wheel_on_right", *(f"{h}_{s}" for s in ("lhd", "rhd") for h in (*DM_HEADS[1:], "sleep_prob"))}
 SCALAR_SLICES = {"dmonitoring": DM_SCALARS}   # one value each, as the parser reads them
-LEAST_WIDTHS = {"supercombo": {"action": 2}}  # optional slices, at least this wide where present
+LEAST_WIDTHS = {"supercombo": {"action": 2}, "stateful": {"action": 2}}  # optional slices, at least this wide where present
 FEATURE_LEN = POLICY_INPUTS["features_buffer"][0][-1]   # the vision's hidden_state slice fills one features_buffer row
 
 
@@ -103,10 +107,13 @@ def _index_ok(s: slice) -> bool:
   return ints and s.step in (None, 1)
 
 
-def contract_of(inputs: dict[str, Any]) -> str | None:
+def contract_of(inputs: dict[str, Any], outputs: Any = ()) -> str | None:
   """Which of openpilot's model contracts a graph's input names say it is (None: none of them). Names decide, shapes are
-  checked afterwards against the contract: a features_buffer with action_t beside it is master's combined model."""
+  checked afterwards against the contract: a features_buffer with action_t beside it is master's combined model; new_img,
+  or any input X with an output next_X, is master's stateful model (since 2026-09)."""
   names = set(inputs)
+  if is_stateful(names, set(outputs)):
+    return "stateful"
   if "action_t" in names or {"img", "features_buffer"} <= names:
     return "supercombo"
   if "input_img" in names:
@@ -161,8 +168,11 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   inits = {i.name for i in graph.initializer}
   inputs = {i.name: i for i in graph.input if i.name not in inits}
   expected = INPUTS[kind]
-  if (other := contract_of(inputs)) not in (None, kind):
+  if (other := contract_of(inputs, [o.name for o in graph.output])) not in (None, kind):
     raise UserError(f"{path.name} is the {other} model, {FILES[other]}, not the {kind} model {FILES[kind]}; {_where(other)}")
+  if kind == "stateful":   # inputs, states and outputs come from the graph itself
+    check_stateful({k: (_dims(v), _dtype_name(v)) for k, v in inputs.items()}, {o.name: (_dims(o), _dtype_name(o)) for o in graph.output},
+                   f"model {path.name}")
   for name, (shape, dtypes_ok) in expected.items():
     if name not in inputs:
       raise UserError(f"{kind} model {path.name} has no input '{name}' (inputs: {', '.join(inputs) or 'none'}); is this the right model file?")
@@ -172,9 +182,9 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
       raise UserError(f"{kind} model input '{name}' has shape {got_shape}, expected {shape}")
     if got_dtype not in dtypes_ok:
       raise UserError(f"{kind} model input '{name}' has dtype {got_dtype}, expected {' or '.join(sorted(dtypes_ok))}")
-  if extra := sorted(set(inputs) - set(expected)):
+  if kind != "stateful" and (extra := sorted(set(inputs) - set(expected))):
     raise UserError(f"{kind} model {path.name} has input(s) openpilot's modeld does not feed: {', '.join(extra)}; is this the right model file?")
-  if len(graph.output) != 1:
+  if kind != "stateful" and len(graph.output) != 1:
     raise UserError(f"{kind} model must have exactly one output, found {len(graph.output)}")
   # then types and shapes through the whole graph: an input declared float32 in an fp16 graph passes the contract above
   # but fails onnxruntime's type check (and only after tinygrad has loaded the model, tens of seconds in)
@@ -187,7 +197,8 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
     slices = decode_output_slices(meta["output_slices"])
   except UserError as e:
     raise UserError(f"{kind} model {path}: {e}") from None
-  out_shapes = {o.name: _dims(o) for o in graph.output}
+  # the prediction vector first: output_width reads it (a stateful graph also returns its states' next values)
+  out_shapes = {o.name: _dims(o) for o in sorted(graph.output, key=lambda o: o.name != "outputs")}
   width = next(iter(out_shapes.values()))[-1]
   for req in REQUIRED_SLICES[kind]:
     if req not in slices:

@@ -93,5 +93,12 @@ class Meta:
 
 META_WIDTH = 55
 
-# openpilot's switch for publishing the raw output vector (rawPredictions) beside the parsed one, in both model processes
-SEND_RAW_PRED = os.environ.get("SEND_RAW_PRED") == "1"
+
+
+def send_raw_pred(env=os.environ) -> bool:
+  """openpilot's switch for publishing the raw output vector (rawPredictions) beside the parsed one, in both model
+  processes: openpilot tests the variable's truth, so any non-empty value turns it on ("0" too), as there."""
+  return bool(env.get("SEND_RAW_PRED"))
+
+
+SEND_RAW_PRED = send_raw_pred()

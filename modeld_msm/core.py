@@ -27,7 +27,10 @@ from selfdrive_glue.filters import FrameDropFilter
 
 log = logging.getLogger("modeld")
 
-SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")
+SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay",
+              # openpilot master's names of three of them (since 2026-08): both are read, so modeld serves whichever openpilot
+              # runs and never waits on a name it does not publish; each is kept under its 0.11 name
+              "narrowRoadCameraState", "extrinsicsCalibration", "lateralDelay")
 PUBLISHED = ("modelV2", "drivingModelData", "cameraOdometry")
 DEMO_LONG_ACTUATOR_DELAY = 0.15   # used when no CarParams are available (openpilot's --demo does the same kind of thing)
 DEFAULT_LAT_DELAY = 0.2
@@ -100,6 +103,7 @@ class ModeldCore:
 
   def on_member(self, which: str, msg) -> None:
     """Feed the union member of an Event directly (serve: what SubMaster.update() brought in)."""
+    which = messaging.MEMBER_OF_SERVICE.get(which, which)
     self.latest[which] = msg
     self.updated.add(which)
 

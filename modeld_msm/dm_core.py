@@ -41,6 +41,7 @@ class DMStats:
   nonfinite_steps: int = 0
   bad_inputs: int = 0
   last_model_s: float = 0.0
+  last_gpu_s: float = 0.0     # the program's run and read-back alone (driverStateV2.gpuExecutionTime), as openpilot times it
 
 
 class DMonitoringCore:
@@ -94,8 +95,11 @@ class DMonitoringCore:
   def run(self, buf: np.ndarray) -> np.ndarray:
     """The raw output vector (float32) for one driver-camera buffer under the current calib and warp matrix."""
     frame = self.frames.get("driver", buf, upload=True)
+    t = self.clock()
     (out,) = self.program({"frame": frame, **self.host_t}).values()
-    return read_output(out)
+    raw = read_output(out)
+    self.stats.last_gpu_s = self.clock() - t
+    return raw
 
   def on_frame(self, main: Frame, extra: Frame | None = None, log_mono_time: int | None = None) -> list[tuple[str, bytes]]:
     self.stats.frames += 1
@@ -118,6 +122,7 @@ class DMonitoringCore:
     msg = messaging.new_message("driverStateV2", valid=finite)
     if log_mono_time is not None:
       msg.logMonoTime = log_mono_time
-    fill_driver_state(msg, parse_dm_outputs(raw, self.slices), main.frame_id, t2 - t1, t2 - t1, raw if SEND_RAW_PRED else None)
+    fill_driver_state(msg, parse_dm_outputs(raw, self.slices), main.frame_id, t2 - t1, self.stats.last_gpu_s,
+                      raw if SEND_RAW_PRED else None)
     self.stats.published += 1
     return [("driverStateV2", msg.to_bytes())]

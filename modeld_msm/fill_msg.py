@@ -107,6 +107,8 @@ def fill_model_msg(modelv2_builder, drivingdata_builder, net_output_data: dict[s
   dmd.frameIdExtra = vipc_frame_id_extra
   dmd.frameDropPerc = frame_drop_perc
   dmd.modelExecutionTime = model_execution_time
+  # master's `big`: whether the Chestnut eGPU model drove; never on the comma GPU (a false Bool writes no bytes: 0.11 reads it the same)
+  dmd.big = False
   _fill_action(dmd.action, action)
 
   m = _member(modelv2_builder, "modelV2")
@@ -116,6 +118,7 @@ def fill_model_msg(modelv2_builder, drivingdata_builder, net_output_data: dict[s
   m.frameDropPerc = frame_drop_perc
   m.timestampEof = timestamp_eof
   m.modelExecutionTime = model_execution_time
+  m.big = False
 
   _fill_xyzt(m.position, C.T_IDXS, *plan[:, Plan.POSITION].T, *plan_stds[:, Plan.POSITION].T)
   _fill_xyzt(m.velocity, C.T_IDXS, *plan[:, Plan.VELOCITY].T)

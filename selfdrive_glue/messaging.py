@@ -18,7 +18,7 @@ import capnp
 from selfdrive_glue.capnp_check import check_pointers
 from selfdrive_glue.msgq import IpcError, MultiplePublishersError, Poller, PubSocket, SubSocket
 from selfdrive_glue.schema import SOURCE, car, log
-from selfdrive_glue.services import SERVICE_LIST, SERVICES, segment_size
+from selfdrive_glue.services import RENAMED, SERVICE_LIST, SERVICES, segment_size
 
 __all__ = ["log", "car", "SOURCE", "SERVICES", "SERVICE_LIST", "new_message", "log_from_bytes", "pub_sock", "sub_sock", "PubMaster",
            "SubMaster", "IpcError", "MultiplePublishersError", "BadMessage", "drain_sock_raw", "drain_sock", "recv_sock", "recv_one",
@@ -32,11 +32,11 @@ NO_TRAVERSAL_LIMIT = 2**64 - 1
 # our schema (0.11's names) calls that member driverMonitoringStateV2, and openpilot's newer schema calls the old @71
 # driverMonitoringStateDEPRECATED. Either carries isRHD, the one field modeld reads, so both count as the service.
 SERVICE_OF_MEMBER = {"driverMonitoringStateV2": "driverMonitoringState", "driverMonitoringStateDEPRECATED": "driverMonitoringState"}
-# services whose Events carry a member of another name. The newest master renames liveCalibration to extrinsicsCalibration
-# (service and member); cereal renames a union member in place, keeping its ordinal and type, so such an Event reads as
-# liveCalibration in our schema. (The reference schemas here predate the rename; an Event of a new ordinal would be refused
-# as not the one expected, counted, and dropped.)
-MEMBER_OF_SERVICE = {"extrinsicsCalibration": "liveCalibration"}
+# services whose Events carry a member of another name: master's renamed services (selfdrive_glue/services.py RENAMED, e.g.
+# liveCalibration -> extrinsicsCalibration). cereal renames a union member in place, keeping its ordinal and type, so such
+# an Event reads as the 0.11 member in our schema. (The reference schemas here predate the renames; an Event of a new
+# ordinal would be refused as not the one expected, counted, and dropped.)
+MEMBER_OF_SERVICE = dict(RENAMED)
 
 
 def service_of(evt) -> str:
@@ -55,9 +55,11 @@ class BadMessage(ValueError):
 
 
 def new_message(service: str | None = None, size: int | None = None, **kwargs) -> capnp.lib.capnp._DynamicStructBuilder:
-  """An Event builder with valid=False and logMonoTime=now, with `service` initialised (size: list length)."""
+  """An Event builder with valid=False and logMonoTime=now, with `service` initialised (size: list length). A master name
+  (narrowRoadCameraState, ...) initialises the member it renamed: the bytes master's openpilot sends on that queue."""
   args = {"valid": False, "logMonoTime": time.monotonic_ns(), **kwargs}
   dat = log.Event.new_message(**args)
+  service = MEMBER_OF_SERVICE.get(service, service) if service is not None else None
   if service is not None:
     if size is None:
       dat.init(service)
@@ -300,7 +302,7 @@ def _default_member(s: str):
       dat = new_message(s)
     except capnp.KjException:
       dat = new_message(s, 0)  # list members need a size
-    return getattr(dat.as_reader(), s)
+    return getattr(dat.as_reader(), MEMBER_OF_SERVICE.get(s, s))
   except Exception:
     return None
 

@@ -50,9 +50,22 @@ _TABLE: dict[str, tuple[bool, float, int | None, int]] = {
   "livestreamRoadEncodeData": (False, 20., None, MEDIUM), "livestreamDriverEncodeData": (False, 20., None, MEDIUM),
   "customReservedRawData0": (True, 0., None, SMALL), "customReservedRawData1": (True, 0., None, SMALL),
   "customReservedRawData2": (True, 0., None, SMALL),
-  # the newest master's name for liveCalibration (docs/openpilot-master-and-dm.md §B.8): the same rate, a queue of its own name
-  "extrinsicsCalibration": (True, 4., 4, SMALL),
 }
+
+# openpilot master's names since PRs #38585 and #38601 (2026-08): new name -> 0.11's. Each is a rename of the service and of
+# its Event member, which keeps its ordinal and type (cereal renames in place; the PR leaves the on-disk names that would
+# need compatibility to a later pass), so the bytes are 0.11's and only the queue's name differs. A queue of each name,
+# with the old one's rate and size (docs/openpilot-master-2026-09.md).
+RENAMED = {
+  "narrowRoadCameraState": "roadCameraState", "cabinCameraState": "driverCameraState", "narrowRoadEncodeIdx": "roadEncodeIdx",
+  "narrowRoadEncodeData": "roadEncodeData", "qNarrowRoadEncodeIdx": "qRoadEncodeIdx", "qNarrowRoadEncodeData": "qRoadEncodeData",
+  "livestreamNarrowRoadEncodeIdx": "livestreamRoadEncodeIdx", "livestreamNarrowRoadEncodeData": "livestreamRoadEncodeData",
+  "cabinEncodeIdx": "driverEncodeIdx", "cabinEncodeData": "driverEncodeData", "livestreamCabinEncodeIdx": "livestreamDriverEncodeIdx",
+  "livestreamCabinEncodeData": "livestreamDriverEncodeData",
+  "radarTracks": "liveTracks", "extrinsicsCalibration": "liveCalibration", "lateralTorqueParameters": "liveTorqueParameters",
+  "lateralDelay": "liveDelay", "deviceMotion": "livePose", "vehicleParameters": "liveParameters",
+}
+_TABLE.update({new: _TABLE[old] for new, old in RENAMED.items()})
 
 SERVICE_LIST: dict[str, Service] = {name: Service(*v) for name, v in _TABLE.items()}
 # the tuple form the team's interface names: name -> (should_log, hz, qlog_decimation, queue_size)

@@ -46,6 +46,10 @@ class VisionStreamType(IntEnum):
   DRIVER = 1
   WIDE_ROAD = 2
   MAP = 3
+  # openpilot master's names since PR #38585 (VISION_STREAM_NARROW_ROAD / VISION_STREAM_CABIN): the same ids, so a server
+  # of either version serves a client of the other
+  NARROW_ROAD = 0
+  CABIN = 1
 
 
 VISION_STREAM_MAX = 4                 # 0.11's list request (and its enum's end)

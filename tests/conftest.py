@@ -186,26 +186,29 @@ class ModeldHarness:
 
   FRAME_NS = 50_000_000
 
-  def __init__(self, artifact: Path, env: dict[str, str] | None = None, size: tuple[int, int] = (1928, 1208)):
+  def __init__(self, artifact: Path, env: dict[str, str] | None = None, size: tuple[int, int] = (1928, 1208), master_names: bool = False):
     import numpy as np
 
     from selfdrive_glue import messaging
     from selfdrive_glue.nv12 import nv12_info
     from selfdrive_glue.visionipc import VisionStreamType
-    self.messaging, self.streams = messaging, (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD)
+    # master_names: publish only openpilot master's names (since 2026-08) of the road camera and calibration services
+    self.road, calib = ("narrowRoadCameraState", "extrinsicsCalibration") if master_names else ("roadCameraState", "liveCalibration")
+    self.messaging = messaging
+    self.streams = (VisionStreamType.NARROW_ROAD if master_names else VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD)
     self.size, self.info = size, nv12_info(*size)
     self.frame = np.zeros(self.info.size, np.uint8)
     self.srv = self.camera_server(self.streams)
-    self.pm = messaging.PubMaster(["roadCameraState", "wideRoadCameraState", "deviceState", "liveCalibration", "carState"])
+    self.pm = messaging.PubMaster([self.road, "wideRoadCameraState", "deviceState", calib, "carState"])
     self.sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
     self.proc = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(artifact), "--demo"],
                                  env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ds = messaging.new_message("deviceState", valid=True)
     ds.deviceState.deviceType = "tici"
-    lc = messaging.new_message("liveCalibration", valid=True)
-    lc.liveCalibration.rpyCalib = [0.0, 0.0, 0.0]
-    self._calibration = (("deviceState", ds.to_bytes()), ("liveCalibration", lc.to_bytes()))
+    lc = messaging.new_message(calib, valid=True)
+    lc.liveCalibration.rpyCalib = [0.0, 0.0, 0.0]   # the member keeps 0.11's name in our schema (a rename keeps the ordinal)
+    self._calibration = (("deviceState", ds.to_bytes()), (calib, lc.to_bytes()))
 
   def camera_server(self, streams):
     from selfdrive_glue.visionipc import VisionIpcServer
@@ -222,10 +225,11 @@ class ModeldHarness:
     self.srv = self.camera_server(self.streams)
 
   def send(self, n: int, road: bool = True, wide: bool = True) -> None:
-    for svc, st, on in (("roadCameraState", self.streams[0], road), ("wideRoadCameraState", self.streams[1], wide)):
+    for svc, st, on in ((self.road, self.streams[0], road), ("wideRoadCameraState", self.streams[1], wide)):
       if on:
         ev = self.messaging.new_message(svc, valid=True)
-        getattr(ev, svc).frameId, getattr(ev, svc).sensor = n, "ar0231"
+        member = getattr(ev, self.messaging.MEMBER_OF_SERVICE.get(svc, svc))
+        member.frameId, member.sensor = n, "ar0231"
         self.pm.send(svc, ev)
         self.srv.send(st, self.frame, n, n * self.FRAME_NS, n * self.FRAME_NS + self.FRAME_NS)
 

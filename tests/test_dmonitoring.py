@@ -16,6 +16,7 @@ from artifact.format import ArtifactError, resolve_artifact, verify_artifact
 from compile.onnx_model import decode_output_slices, encode_output_slices, load_model_info
 from compile.programs.dm_warp import warp_y_numpy
 from compile.refmodels.dmonitoring import DM_SLICES, DM_WIDTH, build_dm_model, write_dm_model
+from modeld_msm.constants import send_raw_pred
 from modeld_msm.frames import Frame
 from selfdrive_glue import messaging
 from selfdrive_glue.camera import DM_INPUT_SIZE, dm_warp_matrix
@@ -264,3 +265,28 @@ print(json.dumps([d.wheelOnRightProb, list(d.leftDriverData.faceOrientation), d.
   # its GPU work went to a submitqueue at the lowest priority, cut into several submits (time-bounded chunks), like modeld's
   (queues, submits) = got["qcom"][3], got["qcom"][4]
   assert queues == [[2, 3]] and submits > 1, got["qcom"]
+
+
+def test_gpu_execution_time_is_the_program_run_alone_inside_the_model_time(dm_core):
+  """openpilot times driverStateV2.gpuExecutionTime around the GPU run and its read-back only, inside modelExecutionTime
+  (which also covers the frame's upload): a clock that ticks once per reading shows which readings bracket which."""
+  ticks = iter(range(1000))
+  dm_core.reset()
+  saved, dm_core.clock = dm_core.clock, lambda: float(next(ticks))
+  try:
+    ds = _published(dm_core, _frames(3, 1)[0], 1).driverStateV2
+  finally:
+    dm_core.clock = saved
+  # readings: 0 before the frame, 1 and 2 around the run, 3 after it
+  assert ds.modelExecutionTime == 3.0 and ds.gpuExecutionTime == 1.0
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("yes", True), ("0", True), ("", False), (None, False)])
+def test_send_raw_pred_is_any_non_empty_value_as_openpilot_reads_it(value, on):
+  env = {} if value is None else {"SEND_RAW_PRED": value}
+  assert send_raw_pred(env) is on
+  # and what a process started with it uses (the constant is read once, at import)
+  base = {k: v for k, v in os.environ.items() if k != "SEND_RAW_PRED"}
+  r = subprocess.run([sys.executable, "-c", "from modeld_msm.constants import SEND_RAW_PRED; print(SEND_RAW_PRED)"], env={**base, **env},
+                     capture_output=True, text=True, timeout=60, cwd=REPO)
+  assert r.stdout.strip() == str(on), r.stderr

@@ -161,9 +161,9 @@ def _vision_file(tmp_path):
   return path
 
 
-def test_masters_later_stateful_layout_is_refused(tmp_path):
-  """After 2026-09-16 master's queues live in the ONNX (state_* inputs, next_state_* outputs): not a contract we run, and
-  the check says which input it misses instead of failing later."""
+def test_masters_later_stateful_layout_is_named_not_taken_for_junes(tmp_path):
+  """After 2026-09-16 master's queues live in the ONNX (state_* inputs, next_state_* outputs): such a file given as June's
+  model is named as the stateful one (tests/test_stateful_model.py holds that contract), and checked as one it says what is off."""
   f16 = TensorProto.FLOAT16
   names = {"new_img": (1, 6, 128, 256), "desire": (1, 8), "traffic_convention": (1, 2), "action_t": (1, 2), "state_feat_q": (1, 96, 512)}
   inputs = [helper.make_tensor_value_info(n, TensorProto.UINT8 if n == "new_img" else f16, s) for n, s in names.items()]
@@ -173,8 +173,10 @@ def test_masters_later_stateful_layout_is_refused(tmp_path):
   m.ir_version = 8
   path = tmp_path / "driving_supercombo.onnx"
   onnx.save(m, str(path))
-  with pytest.raises(UserError, match="has no input 'img'"):
+  with pytest.raises(UserError, match="is the stateful model"):
     load_model_info(path, "supercombo")
+  with pytest.raises(UserError, match=r"input 'new_img' has shape \(1, 6, 128, 256\), expected \(2, 6, 128, 256\)"):
+    load_model_info(path, "stateful")
 
 
 def test_a_fused_model_that_does_not_append_this_frames_feature_fails_the_equivalence():

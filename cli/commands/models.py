@@ -1,5 +1,6 @@
 """`modeld-msm models`: write reference models with openpilot's I/O contracts: the driving pair (driving_vision.onnx +
-driving_policy.onnx), master's combined driving model (driving_supercombo.onnx, the pair of the same seed fused) or the
+driving_policy.onnx), master's combined driving model (driving_supercombo.onnx, the pair of the same seed fused), master's
+stateful driving model (driving_supercombo.onnx since 2026-09: the same fused pair with its history queues in the graph) or the
 driver-monitoring model (dmonitoring_model.onnx)."""
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from selfdrive_glue.errors import UserError
 def add_arguments(parser) -> None:
   parser.add_argument("--kind", "--contract", dest="kind", choices=kinds.choices(), default=kinds.DEFAULT.name,
                       help="driving: 0.11's vision + policy pair (default); supercombo: master's combined driving model (the pair of "
-                           "this seed fused into one graph, with an action head); dmonitoring: the driver-monitoring model")
+                           "this seed fused into one graph, with an action head); stateful: master's model since 2026-09 (the same fused pair, "
+                           "its history queues as state_*/next_state_* pairs in the graph); dmonitoring: the driver-monitoring model")
   parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="tiny: a few small layers for tests; full: the shipped size class "
-                      "(0.11.1's pair, master's 96.6 MB combined file, the DM's ~7.5 MB)")
+                      "(0.11.1's pair, master's 96.6 MB combined file, the 60.7 MB stateful file, the DM's ~7.5 MB)")
   parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the .onnx file(s) into (created if missing)")
   parser.add_argument("--seed", type=integer(0), default=0, help="weight seed; the same seed writes identical bytes (default 0)")
   parser.add_argument("--stand-in", action="store_true", help="the trained tiny stand-in's weights (those the demo runs) instead of random ones")

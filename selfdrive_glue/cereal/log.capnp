@@ -13,7 +13,7 @@ struct Event {
   logMonoTime @0 :UInt64;
   union {
     initData @1 :InitData;
-    roadCameraState @2 :FrameData;
+    roadCameraState @2 :FrameData;   # master's narrowRoadCameraState (same ordinal: selfdrive_glue/services.py RENAMED)
     gpsNMEA @3 :AnyPointer;
     sensorEventDEPRECATED @4 :AnyPointer;
     can @5 :AnyPointer;
@@ -30,7 +30,7 @@ struct Event {
     liveTracksDEPRECATED @16 :AnyPointer;
     sendcan @17 :AnyPointer;
     logMessage @18 :AnyPointer;
-    liveCalibration @19 :LiveCalibrationData;
+    liveCalibration @19 :LiveCalibrationData;   # master's extrinsicsCalibration (same ordinal: selfdrive_glue/services.py RENAMED)
     androidLog @20 :AnyPointer;
     gpsLocation @21 :AnyPointer;
     carState @22 :Car.CarState;
@@ -80,7 +80,7 @@ struct Event {
     thumbnail @66 :AnyPointer;
     onroadEventsDEPRECATED @68 :AnyPointer;
     carParams @69 :Car.CarParams;
-    driverCameraState @70 :FrameData;
+    driverCameraState @70 :FrameData;   # master's cabinCameraState (same ordinal: selfdrive_glue/services.py RENAMED)
     driverMonitoringState @71 :DriverMonitoringState;
     liveLocationKalmanDEPRECATED @72 :AnyPointer;
     sentinel @73 :AnyPointer;
@@ -156,7 +156,7 @@ struct Event {
     customReserved17 @143 :AnyPointer;
     customReserved18 @144 :AnyPointer;
     customReserved19 @145 :AnyPointer;
-    liveDelay @146 :LiveDelayData;
+    liveDelay @146 :LiveDelayData;   # master's lateralDelay (same ordinal: selfdrive_glue/services.py RENAMED)
     rawAudioData @147 :AnyPointer;
     bookmarkButton @148 :AnyPointer;
     audioFeedback @149 :AnyPointer;
@@ -494,6 +494,10 @@ struct ModelDataV2 {
   unused24 @24 :UInt64;
   unused25 @25 :AnyPointer;
   action @26 :ModelDataV2.Action;
+  # openpilot master (PR #38555, 2026-08): whether the big (Chestnut eGPU) model drove this frame; false on the comma GPU.
+  # The ordinal is the next free one, unconfirmed (master's log.capnp was not readable here); a false Bool is no bytes
+  # on the wire, so what we send reads the same whatever master's ordinal is.
+  big @27 :Bool;
   struct Action {
     desiredCurvature @0 :Float32;
     desiredAcceleration @1 :Float32;
@@ -563,6 +567,8 @@ struct DrivingModelData {
   path @5 :PolyPath;
   frameDropPerc @6 :Float32;
   modelExecutionTime @7 :Float32;
+  # openpilot master (PR #38747, 2026-09): as modelV2.big; the next free ordinal, unconfirmed (see modelV2.big)
+  big @8 :Bool;
   struct PolyPath {
     xCoefficients @0 :List(Float32);
     yCoefficients @1 :List(Float32);
