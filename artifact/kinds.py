@@ -57,6 +57,7 @@ class Kind:
   openpilot_choice: bool = False     # the user may build it with the other release's flags (it runs under both)
   aliases: tuple[str, ...] = ()      # older or other spellings users may have in scripts
   action_head: bool = False          # modeld steers by the model's own "action" output where it has one (else the plan)
+  renamed_services: bool = False     # the openpilot it ships in publishes master's service names of 2026-09 (narrowRoadCameraState, ...)
 
   def program(self, role: str) -> Program:
     return next(p for p in self.programs if p.role == role)
@@ -70,7 +71,7 @@ class Kind:
     return {p.file: p.as_meta() for p in self.programs}
 
 
-POLICY_PKL, WARP_PKL, DM_PKL = "driving_policy.pkl", "driving_warp.pkl", "dmonitoring_model.pkl"
+POLICY_PKL, WARP_PKL, DM_PKL, STEP_PKL = "driving_policy.pkl", "driving_warp.pkl", "dmonitoring_model.pkl", "driving_step.pkl"
 
 _FRAMES = (IO("frame", FRAME, dtype="uint8"), IO("big_frame", FRAME, dtype="uint8"))
 _TFMS = (IO("tfm", HOST, (3, 3)), IO("big_tfm", HOST, (3, 3)))
@@ -90,6 +91,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
        "modeld", ("supercombo",), "--model",
        _driving_programs((*_FRAMES, _DESIRE, _TRAFFIC, IO("action_t", HOST, (1, 2)), *_TFMS), (IO("outputs", "output", slices="supercombo"),)),
        openpilot="master", aliases=("combined",), action_head=True),
+  Kind("stateful", "stateful driving model of openpilot master since 2026-09 (modeld)",
+       "master's stateful model (driving_supercombo.onnx since 2026-09)", "modeld", ("stateful",), "--model",
+       (Program(STEP_PKL, "step", (*_FRAMES, _DESIRE, _TRAFFIC, IO("action_t", HOST, (1, 2)), *_TFMS),
+                (IO("outputs", "output", slices="stateful"),)),),
+       openpilot="master", aliases=("master-2026-09",), action_head=True, renamed_services=True),
   Kind("dmonitoring", "driver-monitoring model (dmonitoringmodeld)", "dmonitoring_model.onnx", "dmonitoringmodeld", ("dmonitoring",), "--dmonitoring",
        (Program(DM_PKL, "step", (IO("frame", FRAME, dtype="uint8"), IO("m_inv", HOST, (3, 3)), IO("calib", HOST, (1, 3))),
                 (IO("outputs", "output", slices="dmonitoring"),)),),

@@ -48,7 +48,9 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
   if set(models) != set(kind.models):
     raise UserError(f"the {kind.title} is compiled from {' + '.join(kind.models)}, not {' + '.join(models) or 'nothing'}")
   if openpilot not in (None, kind.openpilot) and not kind.openpilot_choice:
-    raise UserError(f"--openpilot {openpilot}: the {kind.title} is openpilot {kind.openpilot}'s and builds with its flags")
+    either = ", ".join(k.name for k in kinds.KINDS.values() if k.openpilot_choice)
+    raise UserError(f"--openpilot {openpilot}: {kind.contract} is {kind.openpilot}'s {'driving ' if kind.process == 'modeld' else ''}model and "
+                    f"builds with its flags; --openpilot chooses only for a model that runs under both ({either})")
   compute, why, use_layout, layout_why = compile_options(device, precision, layout)
   out_dir = Path(out_dir)
   report = CompileReport(out_dir)
@@ -77,7 +79,7 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
     log(f"[compile] loading the {kind.title} for {camera[0]}x{camera[1]} on {cap.capture_target} in {compute}")
     for info in infos.values():
       preflight.tinygrad_parse(info)
-    prog = recipe.build(infos, nv, cap.dev_name, compute, use_layout)
+    prog = recipe.build(infos, nv, cap.dev_name, compute, use_layout, openpilot or kind.openpilot)
     report.timings["load"] = time.perf_counter() - t0
     cap.start_execution()
     t = time.perf_counter()

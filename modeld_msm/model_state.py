@@ -44,7 +44,7 @@ class ModelState:
     self.programs = {role: NamedProgram(jit, *reversed(self.artifact.program(role))) for role, jit in jits.items()}
     for p in self.programs.values():
       p.require(PROVIDED)
-    # a kind without a warp program (master's stateful model) runs nothing on a dropped frame
+    # a kind without a warp program (master's stateful model) runs the whole step on every frame, dropped ones before it or not
     self.step, self.warp = self.programs["step"], self.programs.get("warp")
 
   def _warm_up(self) -> None:
@@ -90,10 +90,9 @@ class ModelState:
     if action_t is not None and "action_t" in self.host:
       self.host["action_t"][:] = action_t
     frame, big_frame = self._frame("main", buf, upload=True), self._frame("extra", big_buf, upload=True)
-    if prepare_only:
+    if prepare_only and self.warp is not None:
       t0 = time.perf_counter()
-      if self.warp is not None:
-        self._call(self.warp, frame, big_frame)
+      self._call(self.warp, frame, big_frame)
       self.last_times = (time.perf_counter() - t0, 0.0)
       return None, None
     t0 = time.perf_counter()

@@ -173,7 +173,8 @@ def run_demo(opts: DemoOptions) -> dict:
     procs.append(subprocess.Popen([sys.executable, "-m", "modeld_msm.dmonitoringmodeld", "--artifact", str(dm_art)], env=env,
                                   stdout=logs["dmonitoringmodeld"], stderr=subprocess.STDOUT))
   camera = subprocess.Popen([sys.executable, "-m", "offcar.demo_camera", "--camera", opts.camera, "--seconds", str(opts.seconds),
-                             "--seed", str(opts.seed), "--stats", str(stats_file)] + (["--driver"] if opts.dm else []),
+                             "--seed", str(opts.seed), "--stats", str(stats_file)] + (["--driver"] if opts.dm else [])
+                            + (["--master-names"] if kinds.get(opts.kind).renamed_services else []),
                             env=env, stdout=logs["camera"], stderr=subprocess.STDOUT)
   trace = Trace()
   dm_preds: list[dm_accuracy.DMPrediction] = []

@@ -15,6 +15,7 @@ from selfdrive_glue.cabin_render import CabinScene
 from selfdrive_glue.files import write_atomic
 from selfdrive_glue.nv12 import nv12_info, parse_camera
 from selfdrive_glue.road_render import RoadScene
+from selfdrive_glue.services import RENAMED
 from selfdrive_glue.visionipc import VisionIpcServer, VisionStreamType
 
 FRAME_NS = 50_000_000
@@ -29,9 +30,14 @@ def scene_time(frame_id: int) -> float:
   return (frame_id - 1) * FRAME_NS / 1e9
 
 
-def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_ns: int = FRAME_NS, driver: bool = False) -> dict:
+def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_ns: int = FRAME_NS, driver: bool = False,
+        master_names: bool = False) -> dict:
   """period_ns: wall time between frames. The scene still advances FRAME_NS per frame id (slow motion when longer): a
-  consumer slower than 20 Hz (the emulator executing the a630's code) sees every frame, as modeld would on the car."""
+  consumer slower than 20 Hz (the emulator executing the a630's code) sees every frame, as modeld would on the car.
+  master_names: publish under openpilot master's names since 2026-09 only (narrowRoadCameraState, cabinCameraState,
+  extrinsicsCalibration, lateralDelay; the streams NARROW_ROAD and CABIN, the same ids), as that openpilot's camerad does."""
+  name = {old: new for new, old in RENAMED.items()} if master_names else {}
+  svc = lambda s: name.get(s, s)   # noqa: E731
   w, h = parse_camera(camera)
   info = nv12_info(w, h)
   scene = RoadScene(seed, camera)
@@ -40,7 +46,7 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_
   for st in (VisionStreamType.ROAD, VisionStreamType.WIDE_ROAD) + ((VisionStreamType.DRIVER,) if driver else ()):
     vipc.create_buffers_with_sizes(st, N_BUFFERS, w, h, info.size, info.stride, info.uv_offset)
   vipc.start_listener()
-  pm = messaging.PubMaster(SENSOR_SERVICES)
+  pm = messaging.PubMaster([svc(s) for s in SENSOR_SERVICES])
   sensor, device = S.sensor_and_device(camera)
   stop = False
 
@@ -51,9 +57,9 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_
   signal.signal(signal.SIGINT, _stop)
 
   def send(service: str, fill) -> None:
-    ev = messaging.new_message(service, valid=True)
-    fill(getattr(ev, service))
-    pm.send(service, ev)
+    ev = messaging.new_message(svc(service), valid=True)
+    fill(getattr(ev, service))   # a renamed service keeps its member (and ordinal): the Event is the 0.11 member's
+    pm.send(svc(service), ev)
 
   dev_fill = S.fill_device_state(device, time.monotonic_ns())
   delay_fill = S.fill_live_delay(LATERAL_DELAY)
@@ -110,10 +116,11 @@ def main() -> int:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--driver", action="store_true", help="also serve the driver camera (a rendered cabin)")
   p.add_argument("--stats", help="write a JSON summary here on exit")
+  p.add_argument("--master-names", action="store_true", help="publish under openpilot master's service names since 2026-09 only")
   a = p.parse_args()
   if a.period_ms <= 0:
     p.error("--period-ms must be > 0")
-  stats = run(a.camera, a.seconds, a.seed, period_ns=int(a.period_ms * 1e6), driver=a.driver)
+  stats = run(a.camera, a.seconds, a.seed, period_ns=int(a.period_ms * 1e6), driver=a.driver, master_names=a.master_names)
   if a.stats:
     write_atomic(a.stats, json.dumps(stats))
   return 0

@@ -25,7 +25,7 @@ from typing import Any
 from artifact import kinds, signing
 from artifact.format import MANIFEST, swap_in_dir, verify_artifact
 from compile.build import compile_artifact
-from compile.onnx_model import load_model_info
+from compile.onnx_model import detect_contract, load_model_info
 from compile.report import CompileReport
 from release import provenance, smoke
 from release.bundle import BUNDLE_FILE, SMOKE_DIR, human_size, tree_size
@@ -52,7 +52,9 @@ def build_bundle(vision: Path | None, policy: Path | None, device: str, out: Pat
   inputs = tuple(p for p in driving if p is not None) + ((dmonitoring,) if dmonitoring else ()) + ((sign_key,) if sign_key else ())
   check_replaceable(out, {BUNDLE_FILE: "artifacts"}, "release bundle of ours", inputs)
   # the bundle's driving kind (one per bundle, bundle.json "contract") and, with `dmonitoring`, the DM kind, each from its models
-  driving_kind = kinds.of_model("supercombo") if model is not None else kinds.DEFAULT
+  driving_kind = (kinds.of_model(detect_contract(model) or "supercombo") or kinds.DEFAULT) if model is not None else kinds.DEFAULT
+  if model is not None and driving_kind.process != "modeld":
+    raise UserError(f"--model {model} is the {driving_kind.title}; pass it as --dmonitoring, beside the driving model")
   builds = [(driving_kind, {"supercombo": model} if model is not None else {"vision": vision, "policy": policy}, smoke_frames)]
   if dmonitoring is not None:
     builds.append((kinds.of_model("dmonitoring"), {"dmonitoring": dmonitoring}, dm_smoke_frames))

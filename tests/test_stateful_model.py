@@ -308,11 +308,3 @@ def test_off_contract_files_are_refused_by_name_in_one_line(tmp_path, edit, need
     load_model_info(path, "stateful")
   assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
-
-def test_compile_names_the_stateful_file_in_one_line_until_it_can_compile_it(tmp_path):
-  """Issue 42's compile path is not wired yet: the file is named for what it is, exit 2, nothing written."""
-  model = tmp_path / "m"
-  assert run_cli("models", "--contract", "stateful", "-o", model, timeout=120).returncode == 0
-  r = run_cli("compile", "--model", model / "driving_supercombo.onnx", "--device", "CPU", "-o", tmp_path / "out", timeout=120)
-  assert r.returncode == 2 and "is the stateful model" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-  assert not (tmp_path / "out").exists()

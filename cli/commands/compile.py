@@ -40,9 +40,10 @@ def add_arguments(p) -> None:
 def _kind_and_models(args) -> tuple[kinds.Kind, dict[str, str]]:
   """The kind the given files are (the pair: 0.11's driving model; --model: whatever contract its inputs say) and its models."""
   single = [(flag, path) for flag, path in (("--model", args.model), ("--dmonitoring", args.dmonitoring)) if path]
-  if len(single) > 1 or (single and (args.vision or args.policy)):
-    given = [f for f, p in (("--vision/--policy", args.vision or args.policy), *single) if p]
-    raise UserError(f"{' and '.join(given)} are two artifacts; compile each into its own -o")
+  if args.dmonitoring and (args.vision or args.policy or args.model):
+    raise UserError("--dmonitoring builds an artifact of its own; compile the driving model into another -o")
+  if args.model and (args.vision or args.policy):
+    raise UserError("--model is a one-file model, in place of 0.11's --vision/--policy pair; pass one or the other")
   if not single:
     if not (args.vision and args.policy):
       raise UserError("pass the driving model as --vision driving_vision.onnx --policy driving_policy.onnx (openpilot 0.11) or "

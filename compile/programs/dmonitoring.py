@@ -12,6 +12,7 @@ from artifact.load import frame_tensor
 from compile.checks import StepInputs
 from compile.onnx_model import OnnxModelInfo
 from compile.programs import one_model
+from compile.programs.dm_warp import MASTER_BORDER
 from compile.programs.dmonitoring_step import DMProgram
 from selfdrive_glue.camera import dm_warp_matrix
 from selfdrive_glue.nv12 import NV12Info
@@ -41,8 +42,10 @@ class Recipe:
              search: str | None) -> tuple[dict[str, Any] | None, str | None]:
     return None, None
 
-  def build(self, infos: dict[str, OnnxModelInfo], nv: NV12Info, device: str, compute: str, layout: bool) -> DMProgram:
-    return one_model.build(DMProgram, infos["dmonitoring"], nv, device, compute, layout, "dmonitoring")
+  def build(self, infos: dict[str, OnnxModelInfo], nv: NV12Info, device: str, compute: str, layout: bool, openpilot: str) -> DMProgram:
+    # the DM warp of the release it is for: 0.11 clamps to the frame's edge, master fills with 16
+    border = MASTER_BORDER if openpilot == "master" else None
+    return one_model.build(DMProgram, infos["dmonitoring"], nv, device, compute, layout, "dmonitoring", border=border)
 
   def runners(self, prog: DMProgram) -> dict[str, Any]:
     return {"dmonitoring": prog.model}
@@ -73,4 +76,5 @@ class Recipe:
     return f"estimate {ms:.2f} ms per frame; tinygrad CI's DM on a comma device: < {CI_DM_MS:g} ms"
 
   def meta(self, prog: DMProgram, use_layout: bool, layout_why: str, searched: dict[str, Any] | None, search_why: str | None) -> dict[str, Any]:
-    return {"cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites}, "validation": {"steps": STEPS}}
+    return {"cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites}, "validation": {"steps": STEPS},
+            "dm_warp": {"outside_the_frame": "edge" if prog.border is None else f"fill {prog.border}"}}

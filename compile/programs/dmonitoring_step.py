@@ -20,13 +20,13 @@ from selfdrive_glue.nv12 import NV12Info
 
 
 class DMProgram:
-  def __init__(self, info: OnnxModelInfo, nv12: NV12Info, device: str, cpu_ops: bool = False):
-    self.device, self.nv12 = device, nv12
+  def __init__(self, info: OnnxModelInfo, nv12: NV12Info, device: str, cpu_ops: bool = False, border: int | None = None):
+    self.device, self.nv12, self.border = device, nv12, border
     self.model, self.dtypes = one_model.runner(info, device, cpu_ops)
     self.layout_rewrites: dict[str, int] = {}
 
   def warp(self, frame: Tensor, m_inv: Tensor) -> Tensor:
-    img = warp_y(frame, m_inv.to(self.device).cast(dtypes.float32), self.nv12, *DM_INPUT_SIZE).contiguous()
+    img = warp_y(frame, m_inv.to(self.device).cast(dtypes.float32), self.nv12, *DM_INPUT_SIZE, border=self.border).contiguous()
     with Context(SPLIT_REDUCEOP=0):   # a gather over the frame: split reduces would make it many partial passes
       img.realize()
     return img.reshape(1, -1)

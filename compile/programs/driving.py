@@ -84,7 +84,7 @@ class Recipe:
                                model_sha256={"vision": infos["vision"].sha256, "policy": infos["policy"].sha256})
     return cpu_search.choose(search or os.environ.get("MODELD_CPU_SEARCH", "auto"), key)
 
-  def build(self, infos: dict[str, OnnxModelInfo], nv: NV12Info, device: str, compute: str, layout: bool) -> DrivingProgram:
+  def build(self, infos: dict[str, OnnxModelInfo], nv: NV12Info, device: str, compute: str, layout: bool, openpilot: str) -> DrivingProgram:
     return build_program(infos["vision"], infos["policy"], nv, device, compute, layout=layout)
 
   def runners(self, prog: DrivingProgram) -> dict[str, Any]:

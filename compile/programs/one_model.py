@@ -37,14 +37,14 @@ def runner(info: OnnxModelInfo, device: str, cpu_ops: bool) -> tuple[OnnxRunner,
   return model, {k: v.dtype for k, v in model.graph_inputs.items()}
 
 
-def build(cls: type[P], info: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool, tag: str) -> P:
+def build(cls: type[P], info: OnnxModelInfo, nv: NV12Info, device: str, compute: str, layout: bool, tag: str, **kw: Any) -> P:
   """cls(info, nv, device, cpu_ops=) over the model as tinygrad runs it: widened to fp32 and/or rewritten for the CPU layout
   (runner_model; onnxruntime still checks the original). The rewrite counts go on the program as `layout_rewrites`,
-  each named tag_<rewrite>."""
+  each named tag_<rewrite>. kw: the program's own options."""
   if compute != "fp32" and not layout:
-    return cls(info, nv, device)   # type: ignore[call-arg]
+    return cls(info, nv, device, **kw)   # type: ignore[call-arg]
   with tempfile.TemporaryDirectory(prefix="modeld-msm-build-") as td:
     path, counts = runner_model(info.path, compute, layout, Path(td))
-    prog = cls(replace(info, path=path), nv, device, cpu_ops=layout)   # type: ignore[call-arg]
+    prog = cls(replace(info, path=path), nv, device, cpu_ops=layout, **kw)   # type: ignore[call-arg]
   prog.layout_rewrites = {f"{tag}_{k}": n for k, n in counts.items()}   # type: ignore[attr-defined]
   return prog

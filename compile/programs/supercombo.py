@@ -42,7 +42,7 @@ class Recipe:
              search: str | None) -> tuple[dict[str, Any] | None, str | None]:
     return None, "none shipped for this contract (tinygrad's heuristic opts)"
 
-  def build(self, infos: dict[str, OnnxModelInfo], nv: NV12Info, device: str, compute: str, layout: bool) -> SupercomboProgram:
+  def build(self, infos: dict[str, OnnxModelInfo], nv: NV12Info, device: str, compute: str, layout: bool, openpilot: str) -> SupercomboProgram:
     return one_model.build(SupercomboProgram, infos["supercombo"], nv, device, compute, layout, "supercombo")
 
   def runners(self, prog: SupercomboProgram) -> dict[str, Any]:

@@ -301,7 +301,7 @@ class WrittenModel:
   params: int
 
 
-STAND_IN_DIR = Path(__file__).resolve().parent / "stand_in"
+STAND_IN_DIR = Path(__file__).resolve().parents[1] / "stand_in"
 
 
 def stand_in_model(kind: str):

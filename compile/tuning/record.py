@@ -33,7 +33,7 @@ from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file, write_atomic
 from selfdrive_glue.nv12 import parse_camera
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def export(db: Path, beam: int) -> list[dict[str, Any]]:
@@ -64,7 +64,7 @@ def record(size: str, camera: tuple[int, int], beam: int, precision: str, layout
     # the search times kernels split for, and run on, this machine's cores, their parts in parallel as the runtime runs them
     # (artifact/cpu_threads.py); the set only matches a compile with the same thread count
     env = {**os.environ, "BEAM": str(beam), "CACHEDB": str(db), "PARALLEL": str(os.cpu_count() or 1), "MODELD_CPU_PARTS": "parallel"}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
     compute, _ = precision_mod.choose(device, precision)
     use_layout, _ = cpu_layout.choose(device, layout)
     key = cpu_search.match_key(device=device, precision=compute, layout=use_layout, camera=camera,
