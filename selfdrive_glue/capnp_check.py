@@ -1,7 +1,7 @@
 """A bounds check of an unpacked capnp message's pointers, done in Python on the raw bytes.
 
 Why not pycapnp's `total_size` or `as_builder()`: pycapnp 2.x declares them without C++ exception translation, so on a
-corrupt pointer the kj exception reaches std::terminate and the whole process aborts (found by bench/fuzz.py: one
+corrupt pointer the kj exception reaches std::terminate and the whole process aborts (found by testing/fuzz.py: one
 flipped bit in a liveDelay message killed the reader). Field getters do translate, so once every pointer is known to
 land inside its segment, reads can only raise KjException (e.g. a list where a struct is expected), which callers catch.
 

@@ -139,7 +139,7 @@ class VisionBuf:
 
 def _check_descriptor(fd: int, length: int, mmap_len: int, width: int, height: int, stride: int, uv_offset: int) -> None:
   """A buffer reply the frame views can be built on: a mapping longer than the fd would be a SIGBUS at the first read
-  (found by bench/fuzz.py), and a geometry outside `len` a reshape error in the reader's loop. OSError: the caller's
+  (found by testing/fuzz.py), and a geometry outside `len` a reshape error in the reader's loop. OSError: the caller's
   "connect failed" path."""
   size = os.fstat(fd).st_size   # memfd, shm file and dma-buf alike report their size
   if not (0 < length and length + 8 <= mmap_len and (size == 0 or mmap_len <= size)):

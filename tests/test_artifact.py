@@ -145,7 +145,7 @@ def test_file_swapped_after_verification_is_refused(cpu_artifact_1928, tmp_path)
 
 def test_a_cpu_artifact_of_another_machine_type_is_refused_not_run(cpu_artifact_1928, tmp_path, cli):
   """Its programs are the build machine's code: an x86_64 artifact loaded on the car (aarch64) died of an illegal instruction
-  (bench/aarch64_car.sh). A QCOM artifact holds a630 code, wherever it was built, and is not affected."""
+  (testing/aarch64_car.sh). A QCOM artifact holds a630 code, wherever it was built, and is not affected."""
   import platform
   other = "aarch64" if platform.machine() != "aarch64" else "x86_64"
   d = clone_artifact(cpu_artifact_1928, tmp_path / "a")

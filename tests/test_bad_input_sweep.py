@@ -1,4 +1,4 @@
-"""The bad-input sweep (bench/bad_input_sweep.py --quick) in CI: every command against the catalogue's cases that need no
+"""The bad-input sweep (testing/bad_input_sweep.py --quick) in CI: every command against the catalogue's cases that need no
 compiled artifact; any traceback, hang, silent success, lost file or half-written output fails the suite."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow   # ~3-4 min: ~75 CLI runs, each a fresh interpreter
 def test_quick_sweep_finds_no_defect():
-  r = subprocess.run([sys.executable, "bench/bad_input_sweep.py", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+  r = subprocess.run([sys.executable, "testing/bad_input_sweep.py", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
   table = r.stdout[r.stdout.find("| command |"):]
   assert r.returncode == 0, table + "\n" + r.stderr[-4000:]
   assert "| **all** |" in table and " 0 not " in r.stdout, table
@@ -22,7 +22,7 @@ def test_quick_sweep_finds_no_defect():
 def test_sweep_classifies_what_it_sees(tmp_path):
   """The classifier itself: a traceback, a silent success and a clear error are told apart (a sweep that calls everything
   clear would pass CI while finding nothing)."""
-  sys.path.insert(0, str(ROOT / "bench"))
+  sys.path.insert(0, str(ROOT / "testing"))
   try:
     import bad_input_sweep as sw
   finally:

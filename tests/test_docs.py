@@ -18,7 +18,7 @@ def cited_in(path: Path) -> list[tuple[int, str]]:
 
 
 def citing_files() -> list[Path]:
-  code = [p for pkg in ("artifact", "backend", "bench", "cli", "compile", "modeld_msm", "offcar", "release",
+  code = [p for pkg in ("artifact", "backend", "bench", "testing", "cli", "compile", "modeld_msm", "offcar", "release",
                         "selfdrive_glue", "tests") for p in sorted((ROOT / pkg).rglob("*.py"))]
   # this file is left out: its own docstrings and the pattern's self-test name documents on purpose
   return [ROOT / "README.md", ROOT / "backend" / "README.md", ROOT / "dev", ROOT / "pyproject.toml",

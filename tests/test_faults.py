@@ -1,5 +1,5 @@
 """Fault classes of issue 11 not covered elsewhere (GPU-side injections: test_backend_qcom.py; camera restart and SIGINT:
-test_modeld*.py / test_msgq_exit.py). bench/fault_matrix.py prints the whole matrix."""
+test_modeld*.py / test_msgq_exit.py). testing/fault_matrix.py prints the whole matrix."""
 from __future__ import annotations
 
 import subprocess

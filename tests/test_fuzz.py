@@ -1,4 +1,4 @@
-"""Fixed-seed fuzzing of the readers modeld takes untrusted bytes from (bench/fuzz.py has the mutators and the contracts),
+"""Fixed-seed fuzzing of the readers modeld takes untrusted bytes from (testing/fuzz.py has the mutators and the contracts),
 plus the inputs the fuzzer found that used to kill the process, as regression cases."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 import fuzz  # noqa: E402
 
 from selfdrive_glue import messaging  # noqa: E402

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # top to bottom; a package imports itself and the floors below it, never its own floor's neighbours or anything above
 FLOORS = (
   ("cli",),                          # the modeld-msm command
-  ("bench",),                        # benchmarks, soaks, sweeps
+  ("bench", "testing"),              # benchmarks; test tools (fuzzers, the mutation pass, sweeps, fault matrix, soak)
   ("release", "offcar"),             # the release build and install; replay, regress, demo, training
   ("compile",),                      # ONNX -> artifact
   ("modeld_msm",),                   # the car runtime: the model processes
@@ -132,7 +132,7 @@ def test_the_scan_sees_lazy_imports_and_cycles(tmp_path):
 
 
 # what only the tools need: the car's install does not have them (or must not pay for them on every start)
-NOT_ON_THE_CAR = ("cli", "bench", "release", "offcar", "compile", "onnx", "onnxruntime", "tinygrad.nn.onnx", "matplotlib", "ray",
+NOT_ON_THE_CAR = ("cli", "bench", "testing", "release", "offcar", "compile", "onnx", "onnxruntime", "tinygrad.nn.onnx", "matplotlib", "ray",
                   "torch", "tinymesa", "av")
 
 

@@ -1,4 +1,4 @@
-"""bench/tinygrad_suites.py, without tinygrad's source (CI cannot fetch it): its pytest plugin refuses a run that would not
+"""testing/tinygrad_suites.py, without tinygrad's source (CI cannot fetch it): its pytest plugin refuses a run that would not
 execute on the emulated a630, the junit results are read per test, and failures meet their verdicts or count unexplained."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "testing"))
 import tinygrad_suites as ts  # noqa: E402
 
 ONE_TEST = "def test_one():\n  assert 1 + 1 == 2\n"
@@ -19,7 +19,7 @@ ONE_TEST = "def test_one():\n  assert 1 + 1 == 2\n"
 def _pytest(tmp_path, env_extra, source=ONE_TEST):
   """pytest with the plugin over one test file of `source`."""
   (tmp_path / "test_one.py").write_text(source)
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "bench"), str(REPO)]), **env_extra}
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "testing"), str(REPO)]), **env_extra}
   return subprocess.run([sys.executable, "-m", "pytest", "-p", "tinygrad_emu_plugin", "-p", "no:cacheprovider", "-q", "test_one.py"],
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 

@@ -8,7 +8,7 @@
 # CPU bundle of aarch64 machine code, and the car's install smokes it. Level B (executing IR3 on the emulated a630) needs
 # Mesa's decoder from tinymesa, so it is x86_64-only too; the car has the real GPU.
 #
-#   sudo bench/aarch64_car.sh [WORKDIR]     # default /tmp/modeld-aarch64; minutes (the root is reused on a second run)
+#   sudo testing/aarch64_car.sh [WORKDIR]     # default /tmp/modeld-aarch64; minutes (the root is reused on a second run)
 #
 # Needs root (debootstrap, chroot, binfmt_misc), network (Debian arm64 packages, PyPI), and Debian's qemu-user-static
 # and debootstrap (installed here when missing). CI does not run it.

@@ -1,6 +1,6 @@
 """A mutation pass over core modules: plant one plausible one-token bug at a time and see whether the tests notice.
 
-  python bench/mutation_pass.py [--per-module N] [--seed S] [--only MODULE] [--list]
+  python testing/mutation_pass.py [--per-module N] [--seed S] [--only MODULE] [--list]
 
 The mutants are not picked by hand (hand-picked mutants are the ones the tests were written for): every comparison,
 arithmetic operator, boolean operator and numeric constant in a module is a mutation point (`<` <-> `<=`, `>` <-> `>=`,

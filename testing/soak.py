@@ -1,9 +1,9 @@
 """Soak: N frames at 20 Hz (level B: slower, see below) through real processes (the demo's camera server, modeld, a listener here), sampling modeld's
 resources from /proc, and printing start/end/slope per resource.
 
-  .venv/bin/python bench/soak.py --config cpu --frames 2000
-  .venv/bin/python bench/soak.py --config emu-a --artifact QCOM_ARTIFACT_DIR --frames 2000
-  .venv/bin/python bench/soak.py --config emu-b --artifact QCOM_ARTIFACT_DIR --frames 2000 --seconds 1200   # level B, 1 Hz
+  .venv/bin/python testing/soak.py --config cpu --frames 2000
+  .venv/bin/python testing/soak.py --config emu-a --artifact QCOM_ARTIFACT_DIR --frames 2000
+  .venv/bin/python testing/soak.py --config emu-b --artifact QCOM_ARTIFACT_DIR --frames 2000 --seconds 1200   # level B, 1 Hz
 
 QCOM_ARTIFACT_DIR: `modeld-msm compile --vision V --policy P --camera 1928x1208 --device QCOM -o DIR` (captured on the emulated
 node, any Linux box). emu-a runs it at level A (submissions only, nothing computed), emu-b at level B (the IR3 code executed).

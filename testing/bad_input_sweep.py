@@ -1,6 +1,6 @@
 """Every command against a catalogue of bad input, as a new user would type it: what comes back, and what is left on disk.
 
-  python bench/bad_input_sweep.py [--quick] [--only WORD] [--keep DIR]
+  python testing/bad_input_sweep.py [--quick] [--only WORD] [--keep DIR]
 
 Each case runs `modeld-msm ...` in a subprocess with a time limit and is classified:
   clear      a non-zero exit with a short message and no traceback (what bad input must give)

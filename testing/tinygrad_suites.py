@@ -1,7 +1,7 @@
 """tinygrad's own backend suites on the emulated a630: every kernel of every test compiled by Mesa's IR3 compiler (tinymesa)
 and executed by our interpreter over the emulated render node (DEV=EMU+QCOM:IR3, EMU_EXEC=1, faults fatal).
 
-  python bench/tinygrad_suites.py --tinygrad-src ~/src/tinygrad [--suites test_ops,test_dtype] [--extra-path DIR] [--json F]
+  python testing/tinygrad_suites.py --tinygrad-src ~/src/tinygrad [--suites test_ops,test_dtype] [--extra-path DIR] [--json F]
 
 CI cannot fetch tinygrad's source, so this is a bench: point it at a checkout (`git clone https://github.com/tinygrad/tinygrad`,
 as near 0.14.0 as you can: the script says how far the checkout's tinygrad/ is from the installed one). Only the checkout's
@@ -9,7 +9,7 @@ test/ tree is used, copied into a temporary folder, so the tinygrad that runs is
 tests need torch and hypothesis, which this project does not install (`pip install --target DIR hypothesis torch --index-url
 https://download.pytorch.org/whl/cpu`, then `--extra-path DIR`).
 
-Each failure is looked up in bench/tinygrad_verdicts.json (a test pattern -> what it is: an emulator error, tinygrad's IR3
+Each failure is looked up in testing/tinygrad_verdicts.json (a test pattern -> what it is: an emulator error, tinygrad's IR3
 renderer, a hardware bound, or the test's own host assumption, each with its evidence); one without a verdict is counted
 unexplained. Prints a table per suite (passed/skipped/failed, explained/unexplained, the a630 work executed) and the failures.
 """
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VERDICTS = REPO / "bench" / "tinygrad_verdicts.json"
+VERDICTS = REPO / "testing" / "tinygrad_verdicts.json"
 # image convolutions and matmuls: what IMAGE=1/2 changes (upstream's test_image_dtype was removed in #15574; test_ops holds
 # the image cases now)
 IMAGE_K = "conv or matmul or gemm or dot or linear or pool or einsum"
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
   src = args.tinygrad_src.expanduser().resolve()
   if not (src / "test" / "backend" / "test_ops.py").is_file() or not (src / "tinygrad").is_dir():
     ap.error(f"{src} is not a tinygrad source checkout (no test/backend/test_ops.py): git clone https://github.com/tinygrad/tinygrad")
-  path = os.pathsep.join([*(str(Path(p).resolve()) for p in args.extra_path), str(REPO / "bench"), str(REPO)])
+  path = os.pathsep.join([*(str(Path(p).resolve()) for p in args.extra_path), str(REPO / "testing"), str(REPO)])
   probe = subprocess.run([sys.executable, "-c", "import torch, hypothesis"], env={**os.environ, "PYTHONPATH": path},
                          capture_output=True, text=True)
   if probe.returncode != 0:

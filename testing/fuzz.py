@@ -13,7 +13,7 @@ does not allow:
 - modeld's CarParams loader may raise anything (it logs and falls back to defaults), but must not abort the process;
 - any input taking longer than HANG_S is a hang.
 
-  .venv/bin/python bench/fuzz.py --inputs 5000 --seed 1
+  .venv/bin/python testing/fuzz.py --inputs 5000 --seed 1
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pytest plugin for bench/tinygrad_suites.py: tinygrad's own tests, run with our QCOM device over the emulated render node.
+"""pytest plugin for testing/tinygrad_suites.py: tinygrad's own tests, run with our QCOM device over the emulated render node.
 
 Loaded with `-p tinygrad_emu_plugin` before any test module imports tinygrad's Device: installs our kernel interfaces, then
 refuses to start unless the default device really is QCOM on the emulator with execution on (a run that quietly fell back

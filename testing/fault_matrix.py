@@ -10,7 +10,7 @@ recovery time, leaks.
 - in-process: NaN/inf outputs through ModeldCore; ENOSPC/EFBIG while writing replay output (LogWriter) and an artifact
   (compile's write_artifact, over an existing one) in a child with RLIMIT_FSIZE (no small tmpfs on this box).
 
-  .venv/bin/python bench/fault_matrix.py [--only gpu|process|local]
+  .venv/bin/python testing/fault_matrix.py [--only gpu|process|local]
 """
 from __future__ import annotations
 
