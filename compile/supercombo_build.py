@@ -32,6 +32,7 @@ from compile.build import (
   replay_on_emu,
 )
 from compile.onnx_model import load_model_info
+from compile.runtime_parse import check_runtime_parses
 from compile.supercombo_program import SupercomboProgram
 from modeld_msm.host_inputs import HostInputs
 from selfdrive_glue.errors import UserError
@@ -118,6 +119,7 @@ def compile_supercombo_artifact(model: str | Path, camera: tuple[int, int], devi
       raise UserError("the combined model produces non-finite outputs; check the model file")
     if np.array_equal(runs[0], runs[1]):
       raise UserError("internal error: the combined program ignores its inputs; please report it")
+    report.checks.append(("runtime parse", "ok", check_runtime_parses("supercombo", Path(model).name, runs[0].reshape(-1), info.output_slices)))
     report.checks.append(("jit == unjitted", "ok", f"outputs and 4 queues bit-exact over {len(STEP_PLAN)} steps ({len(runs)} runs: past "
                           "features fed back on the device), rotating buffers, action_t varied"))
     report.timings["jit check"] = time.perf_counter() - t
