@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from artifact.format import MANIFEST, VerifiedArtifact, require_camera, resolve_artifact, verify_artifact
+from artifact.format import KIND_DIRS, MANIFEST, VerifiedArtifact, require_camera, resolve_artifact, verify_artifact
 from modeld_msm.frames import OUT_OF_SYNC_NS, Frame, older_capture, still_paired_capture
 from selfdrive_glue import messaging
 from selfdrive_glue.argtypes import integer
@@ -173,6 +173,10 @@ class ArtifactSource:
     check_artifact_path(path)
     self.path, self.kind = Path(path), kind
     self.single = verify_artifact(path, kind=kind) if (self.path / MANIFEST).exists() else None
+    if self.single is None and kind != "driving" and not any((self.path / KIND_DIRS[kind]).glob(f"*/{MANIFEST}")):
+      # a bundle without this kind's artifacts is refused now, not once a camera shows up
+      raise UserError(f"bundle {path} has no {kind} artifacts (no {KIND_DIRS[kind]}/<w>x<h>/{MANIFEST}); build it with "
+                      f"`modeld-msm release --{kind} ...`, or pass an artifact of that kind")
     self.current = self.single   # the artifact the running core was made from
 
   def for_camera(self, camera: tuple[int, int]) -> VerifiedArtifact:

@@ -5,11 +5,29 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from selfdrive_glue.errors import UserError
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM (systemd, `timeout`, `docker stop`), raised where the process is, as SIGINT raises KeyboardInterrupt."""
+
+
+def _terminated(*_a) -> None:
+  raise Terminated()
+
+
+def stop_on_sigterm() -> None:
+  """SIGTERM becomes an exception like SIGINT's, so every writer's cleanup (`except BaseException`: temp files and folders
+  removed, a half-copied install rolled back) runs as it does for Ctrl-C; SIGTERM's default would kill the process where
+  it stands and leave them behind. For the main thread of a command; a service installs its own handlers."""
+  if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+    signal.signal(signal.SIGTERM, _terminated)
 
 
 @contextlib.contextmanager
