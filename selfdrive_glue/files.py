@@ -74,12 +74,31 @@ def check_replaceable(path: str | os.PathLike, markers: dict[str, str], what: st
   for name, key in markers.items():
     try:
       doc = json.loads((path / name).read_text())
-      if isinstance(doc, dict) and key in doc:
-        return
     except (OSError, ValueError, TypeError):
       continue
+    if isinstance(doc, dict) and key in doc:
+      _check_only_ours(path, name, doc, what)
+      return
   raise UserError(f"output folder {path} is not empty and holds no {what} ({' or '.join(markers)}): it would be replaced whole; "
                   "choose an empty or new folder for -o")
+
+
+def _check_only_ours(path: Path, marker: str, doc: dict, what: str) -> None:
+  """A folder of ours is replaced whole only when it holds nothing else: the user's notes, data folders or release notes
+  dropped into it are not ours to delete. What is ours: the marker, the names its table lists (an artifact manifest's
+  files, a bundle index's cameras), a signature, and a bundle's smoke/ and dmonitoring/ folders."""
+  listed = next((v for v in (doc.get("files"), doc.get("artifacts")) if isinstance(v, dict)), {})
+  allowed = {marker, "manifest.sig", "smoke", "dmonitoring"} | set(listed)
+  if extra := sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir() if p.name not in allowed):
+    shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+    raise UserError(f"output folder {path} is one of ours ({what}) but also holds {shown}, which replacing it would delete; move them away or "
+                    "choose another -o")
+
+
+def refuse_overwrite(paths: list[Path], force: bool) -> None:
+  """Refuse before any work to overwrite files a user may have put there (openpilot's own model names) unless --force."""
+  if not force and (there := [str(p) for p in paths if p.exists() or p.is_symlink()]):
+    raise UserError(f"{', '.join(there)} exist(s) already; pass --force to overwrite, or choose another -o")
 
 
 def sha256_file(path: Path) -> str:

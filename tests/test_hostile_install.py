@@ -234,3 +234,37 @@ def test_serve_dm_on_a_bundle_without_dm_refuses_before_any_camera(tmp_path, pre
   b = make_bundle(tmp_path / "b", device="CPU", cameras=("1928x1208",))
   err = _one_line_error(run_cli("serve-dm", "--artifact", b, "--no-realtime", timeout=60))
   assert "has no dmonitoring artifacts" in err, err
+
+
+# ---- item 7: user files are never lost ----
+
+def test_replacing_an_artifact_or_bundle_of_ours_keeps_the_users_files(tmp_path):
+  from compile.build import check_out_dir
+  b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
+  check_out_dir(b / "1928x1208")   # ours, nothing else: may be replaced
+  (b / "1928x1208" / "notes.txt").write_text("mine")
+  with pytest.raises(UserError, match="also holds notes.txt"):
+    check_out_dir(b / "1928x1208")
+  (b / "1928x1208" / "notes.txt").unlink()
+  (b / "RELEASE_NOTES.md").write_text("mine")
+  (b / "modeld-msm.pub").write_text("ed25519 00")
+  err = _one_line_error(run_cli("release", "--vision", tmp_path / "v.onnx", "--policy", tmp_path / "p.onnx", "-o", b))
+  assert "also holds RELEASE_NOTES.md, modeld-msm.pub" in err, err
+  assert (b / "RELEASE_NOTES.md").read_text() == "mine"
+
+
+def test_models_and_train_dm_do_not_overwrite_model_files_without_force(tmp_path):
+  out = tmp_path / "m"
+  out.mkdir()
+  (out / "dmonitoring_model.onnx").write_bytes(b"the user's own model")
+  for cmd in (["models", "--contract", "dmonitoring", "-o", out], ["train-dm", "-o", out, "--steps", "1"]):
+    err = _one_line_error(run_cli(*cmd))
+    assert "--force" in err, err
+  assert (out / "dmonitoring_model.onnx").read_bytes() == b"the user's own model"
+  assert run_cli("models", "--contract", "dmonitoring", "-o", out, "--force").returncode == 0
+  assert (out / "dmonitoring_model.onnx").read_bytes() != b"the user's own model"
+
+
+def test_compile_dmonitoring_with_model_is_refused(tmp_path):
+  err = _one_line_error(run_cli("compile", "--model", tmp_path / "a.onnx", "--dmonitoring", tmp_path / "b.onnx", "-o", tmp_path / "o"))
+  assert "--model" in err, err

@@ -38,8 +38,9 @@ def add_arguments(p) -> None:
 def _compile(args):
   camera = parse_camera(args.camera)
   if args.dmonitoring:
-    if args.vision or args.policy:
-      raise UserError("--dmonitoring builds an artifact of its own; compile the driving model (--vision/--policy) into another -o")
+    if args.vision or args.policy or args.model:
+      raise UserError("--dmonitoring builds an artifact of its own; compile the driving model (--vision/--policy or --model) into "
+                      "another -o")
     if args.search:
       raise UserError("--search is the driving model's kernel search; the driver-monitoring compile has none")
     return compile_dm_artifact(args.dmonitoring, camera, args.device, args.out, precision=args.precision, layout=args.layout,

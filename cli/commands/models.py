@@ -3,11 +3,17 @@ driving_policy.onnx), master's combined driving model (driving_supercombo.onnx, 
 driver-monitoring model (dmonitoring_model.onnx)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from compile.dm_refmodel import write_dm_model
 from compile.refmodels import write_models
 from compile.supercombo_refmodel import write_supercombo_model
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import refuse_overwrite
+
+FILES = {"driving": ("driving_vision.onnx", "driving_policy.onnx"), "supercombo": ("driving_supercombo.onnx",),
+         "dmonitoring": ("dmonitoring_model.onnx",)}
 
 
 def add_arguments(parser) -> None:
@@ -19,6 +25,7 @@ def add_arguments(parser) -> None:
   parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write the .onnx file(s) into (created if missing)")
   parser.add_argument("--seed", type=integer(0), default=0, help="weight seed; the same seed writes identical bytes (default 0)")
   parser.add_argument("--stand-in", action="store_true", help="the trained tiny stand-in's weights (those the demo runs) instead of random ones")
+  parser.add_argument("--force", action="store_true", help="overwrite model files of the same names already in DIR (openpilot's own names)")
 
 
 def run(args) -> int:
@@ -26,6 +33,7 @@ def run(args) -> int:
     raise UserError(f"--seed must be >= 0, got {args.seed}")
   if args.stand_in and args.size != "tiny":
     raise UserError("--stand-in is the trained tiny model; it has no full size (drop --stand-in or use --size tiny)")
+  refuse_overwrite([Path(args.output) / n for n in FILES[args.contract]], args.force)
   if args.contract == "dmonitoring":
     written = {"dmonitoring": write_dm_model(args.output, args.size, args.seed, stand_in=args.stand_in)}
   elif args.contract == "supercombo":
