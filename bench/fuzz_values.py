@@ -248,6 +248,8 @@ def main() -> int:
     t0 = time.monotonic()
     r = fuzz_values(art, dm, args.seed, args.frames,
                     progress=lambda i, k: print(f"  frame {i}/{k}", file=sys.stderr) if i % 250 == 0 else None)
+  from artifact.cpu_info import cpu_info
+  print(f"CPU: {cpu_info().summary()}")
   print(f"message values fuzz, seed {args.seed}: {r.frames} frames, {r.bad_sent} hostile messages ({r.wrong_member_sent} of the wrong "
         f"union member), {time.monotonic() - t0:.0f} s")
   for svc in r.outputs:
