@@ -46,7 +46,7 @@ from typing import Any
 import modeld_msm
 from artifact.format import swap_in_dir
 from artifact.signing import SignatureError, key_id, load_public
-from release.bundle import BUNDLE_FILE, bundle_files, check_no_links, files_digest, human_size, sha256_bytes, tree_digest, tree_files, verify_bundle
+from release.bundle import BUNDLE_FILE, bundle_files, check_no_links, files_digest, human_size, sha256_bytes, tree_digest, verify_bundle
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
@@ -408,7 +408,7 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
   pub_bytes = Path(pubkey).read_bytes() if pubkey is not None else None
   files = bundle_files(b)   # what the signed manifests and bundle.json list: the only files copied
   check_no_links(bundle, files)
-  unlisted = len(tree_files(bundle)) - len(files)
+  unlisted = sum(len(fs) for _, _, fs in os.walk(bundle)) - len(files)   # os.walk follows no link (a link to / would walk the host)
   digest = files_digest(bundle, files)
   what_bundle = f"{b.device}; {', '.join(b.cameras)}" + (f"; driver monitoring: {', '.join(dm)}" if dm else "")
   if state is not None:

@@ -65,7 +65,10 @@ def check_replaceable(path: str | os.PathLike, markers: dict[str, str], what: st
     s = Path(src).resolve()
     if s == out or out in s.parents:
       raise UserError(f"the input {src} lies inside the output folder {path}, which is replaced whole; write to another -o")
-  if not path.exists() and not path.is_symlink():
+  if path.is_symlink():
+    # replacing the folder whole would replace the link, not the folder it points to
+    raise UserError(f"output path {path} is a symbolic link (to {os.readlink(path)}), not a folder; pass the folder itself as -o, or another path")
+  if not path.exists():
     return
   if not path.is_dir():
     raise UserError(f"output path {path} exists and is not a folder; choose another -o")

@@ -268,3 +268,64 @@ def test_models_and_train_dm_do_not_overwrite_model_files_without_force(tmp_path
 def test_compile_dmonitoring_with_model_is_refused(tmp_path):
   err = _one_line_error(run_cli("compile", "--model", tmp_path / "a.onnx", "--dmonitoring", tmp_path / "b.onnx", "-o", tmp_path / "o"))
   assert "--model" in err, err
+
+
+# ---- item 10: -o a link; writers racing for one -o; install onto a full disk ----
+
+def test_o_a_link_is_refused_before_any_work(tmp_path):
+  from compile.build import check_out_dir
+  real = make_bundle(tmp_path / "real", cameras=("1928x1208",)) / "1928x1208"
+  link = tmp_path / "link"
+  link.symlink_to(real)
+  with pytest.raises(UserError, match="symbolic link"):
+    check_out_dir(link)
+
+
+def test_a_writer_whose_old_tree_another_moved_first_still_swaps_in(tmp_path, monkeypatch):
+  """Two writers to one -o: the other one moved the old tree away between our look and our move (FileNotFoundError
+  before), and its tree landed before ours (a rename onto a non-empty folder)."""
+  import artifact.format as fmt
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "old").write_text("old")
+  theirs, ours = tmp_path / ".out.tmp-theirs", tmp_path / ".out.tmp-ours"
+  for d, tag in ((theirs, "theirs"), (ours, "ours")):
+    d.mkdir()
+    (d / "f").write_text(tag)
+  real_replace, calls = os.replace, []
+
+  def racing(src, dst):
+    calls.append((Path(src).name, Path(dst).name))
+    if len(calls) == 1:   # the other writer, first: moves the old tree away and swaps its own in
+      real_replace(out, tmp_path / ".out.old-other")
+      real_replace(theirs, out)
+      raise FileNotFoundError(2, "No such file or directory", str(src))
+    return real_replace(src, dst)
+  monkeypatch.setattr(fmt.os, "replace", racing)
+  fmt.swap_in_dir(ours, out)
+  assert (out / "f").read_text() == "ours"   # the last one in wins
+  assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old-other", "out"]   # none of ours left behind
+
+
+def test_install_onto_a_full_disk_is_one_line_and_rolls_back(op, tmp_path):
+  import resource
+  import signal
+  import subprocess
+  import sys
+
+  from conftest import REPO
+  b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
+  (b / "1928x1208" / "driving_policy.pkl").write_bytes(b"x" * 300_000)   # bigger than the limit below
+  m = json.loads((b / "1928x1208" / "manifest.json").read_text())
+  import hashlib
+  m["files"]["driving_policy.pkl"] = hashlib.sha256(b"x" * 300_000).hexdigest()
+  (b / "1928x1208" / "manifest.json").write_text(json.dumps(m))
+  before = tree_state(op)
+
+  def limit():   # a full disk, as the sweep makes one: writes past 200 kB fail with EFBIG
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+  r = subprocess.run([sys.executable, "-m", "cli.main", "install", str(op), "--bundle", str(b)], cwd=REPO, capture_output=True, text=True,
+                     timeout=300, preexec_fn=limit)
+  assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+  assert tree_state(op) == before

@@ -65,3 +65,44 @@ def test_a_good_vector_comes_back_as_float64():
   check, stats = _check()
   v = check.vector("c", [0.0, 0.1, -0.1], 3, CALIB_ANGLE)
   assert v is not None and v.dtype.name == "float64" and list(v) == [0.0, 0.1, -0.1] and stats.bad_inputs == 0
+
+
+# the stated ranges (docs/hostile-input.md), written out here rather than read from the module: a wrong bound in the code
+# must not move the expectation with it
+STATED = {
+  "LATERAL_DELAY": (0.0, 2.0, 0.2),
+  "LONG_ACTUATOR_DELAY": (0.0, 2.0, 0.15),
+  "V_EGO": (-100.0, 100.0, 0.0),
+  "STEERING_TORQUE": (-1e5, 1e5, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(STATED))
+def test_each_stated_range_and_default(name):
+  import modeld_msm.inputs_check as ic
+  lo, hi, default = STATED[name]
+  b = getattr(ic, name)
+  for v in (lo, hi, (lo + hi) / 2):
+    check, stats = _check()
+    assert check.number(name, v, b) == v and stats.bad_inputs == 0, v
+  for v in (math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf)):
+    check, stats = _check()
+    assert check.number(name, v, b) == default and stats.bad_inputs == 1, v
+
+
+@pytest.mark.parametrize("edge,ok", [(-0.5, True), (0.5, True), (math.nextafter(-0.5, -1), False), (math.nextafter(0.5, 1), False)])
+def test_calibration_angles_are_held_to_half_a_radian(edge, ok):
+  for i in range(3):
+    check, _ = _check()
+    v = [0.0, 0.0, 0.0]
+    v[i] = edge
+    assert (check.vector("c", v, 3, CALIB_ANGLE) is not None) == ok, (i, edge)
+
+
+def test_the_log_line_shows_what_came(caplog):
+  check, _ = _check()
+  with caplog.at_level("ERROR", logger=LOG.name):
+    check.vector("a", 7, 3, CALIB_ANGLE)          # not a list at all: shown as no values
+    check.vector("b", [0.0, math.nan], 3, CALIB_ANGLE)
+  assert "ignoring a: [] is not 3 values" in caplog.records[0].message
+  assert "ignoring b: [0.0, nan] is not 3 values each a finite number in [-0.5, 0.5] rad" in caplog.records[1].message
