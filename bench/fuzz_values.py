@@ -53,6 +53,7 @@ class ValuesResult:
   missing: dict[str, int] = field(default_factory=lambda: {"modelV2": 0, "driverStateV2": 0})   # frames without an output
   recovered: bool = False
   died: list[str] = field(default_factory=list)
+  log_lines: dict[str, int] = field(default_factory=dict)   # lines each process logged (once per burst of a bad field)
 
   @property
   def ok(self) -> bool:
@@ -138,12 +139,18 @@ def fuzz_values(modeld_artifact: Path, dm_artifact: Path, seed: int, frames: int
   pm = messaging.PubMaster(pub)
   sm = messaging.SubMaster(["modelV2", "driverStateV2"])
   env = {**os.environ, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "ERROR"}
+  # each process's log into a file: a pipe nobody reads fills up (64 kB of "ignoring ..." lines) and blocks the process
+  logs = {svc: tempfile.TemporaryFile("w+") for svc in ("modelV2", "driverStateV2")}
   procs = {
     "modelV2": subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(modeld_artifact), "--demo", "--no-realtime"],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=logs["modelV2"], text=True),
     "driverStateV2": subprocess.Popen([sys.executable, "-m", "modeld_msm.dmonitoringmodeld", "--artifact", str(dm_artifact), "--no-realtime"],
-                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=logs["driverStateV2"], text=True),
   }
+
+  def log_tail(svc: str) -> str:
+    logs[svc].seek(0)
+    return logs[svc].read()[-1500:]
   frame = np.zeros(info.size, np.uint8)
   frame[: w * h] = 100
   n = 0
@@ -176,7 +183,7 @@ def fuzz_values(modeld_artifact: Path, dm_artifact: Path, seed: int, frames: int
           got[svc] = (bool(sm.valid[svc]), check(sm[svc]))
       for svc, p in procs.items():
         if p.poll() is not None and svc not in [d.split(":")[0] for d in res.died]:
-          res.died.append(f"{svc}: exit {p.returncode}: {(p.stderr.read() if p.stderr else '')[-1500:]}")
+          res.died.append(f"{svc}: exit {p.returncode}: {log_tail(svc)}")
       if res.died:
         break
     return got
@@ -219,6 +226,11 @@ def fuzz_values(modeld_artifact: Path, dm_artifact: Path, seed: int, frames: int
         except subprocess.TimeoutExpired:
           p.kill()
           p.wait()
+    for svc, f in logs.items():
+      f.seek(0)
+      res.log_lines[svc] = sum(1 for _ in f)
+    for f in logs.values():
+      f.close()
     srv.close()
   return res
 
@@ -255,7 +267,7 @@ def main() -> int:
   for svc in r.outputs:
     print(f"  {svc:<14} outputs {r.outputs[svc]:>6}  marked invalid {r.invalid[svc]:>6}  frames without output {r.missing[svc]:>4}")
   print(f"  valid outputs with NaN/inf: {len(r.violations)}; recovered after the bad publisher stopped: {r.recovered}; "
-        f"process deaths: {len(r.died)}")
+        f"process deaths: {len(r.died)}; lines logged: {r.log_lines}")
   for v in r.violations + r.died:
     print("  ", v)
   return 0 if r.ok else 1
