@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from test_install import make_bundle, make_openpilot, tree_state
+from test_install import make_bundle, make_openpilot, make_prefixed_openpilot, tree_state
 
 from release.install import INSTALL_REL, install
 from selfdrive_glue.errors import UserError
@@ -19,9 +19,15 @@ def quiet(*_a) -> None:
   pass
 
 
-@pytest.fixture
-def op(tmp_path) -> Path:
-  return make_openpilot(tmp_path / "openpilot")
+@pytest.fixture(params=["0.11", "master"])
+def op(tmp_path, request) -> Path:
+  """Both layouts: the rules hold in 0.11's root-level tree and in master's openpilot/ package alike."""
+  return (make_openpilot if request.param == "0.11" else make_prefixed_openpilot)(tmp_path / "openpilot")
+
+
+def _base(op: Path) -> Path:
+  from release.install import check_openpilot
+  return check_openpilot(op)
 
 
 def _one_line_error(r) -> str:
@@ -31,7 +37,7 @@ def _one_line_error(r) -> str:
 
 
 def _installed(op: Path) -> set[str]:
-  d = op / INSTALL_REL / "artifacts"
+  d = _base(op) / INSTALL_REL / "artifacts"
   return {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file() or p.is_symlink()}
 
 
@@ -48,7 +54,7 @@ def test_install_copies_only_the_listed_files_and_never_follows_a_link(op, tmp_p
   log: list[str] = []
   assert install(op, b, log=log.append) == "installed"
   assert _installed(op) == listed
-  assert not any("host secret" in p.read_text(errors="replace") for p in (op / INSTALL_REL).rglob("*") if p.is_file())
+  assert not any("host secret" in p.read_text(errors="replace") for p in (_base(op) / INSTALL_REL).rglob("*") if p.is_file())
   assert any("left out" in m for m in log), log
 
 
@@ -133,14 +139,14 @@ def test_sigterm_during_a_release_build_leaves_no_temp_folder(tmp_path):
 def test_leftovers_of_a_killed_install_go_with_the_next_install_and_uninstall(op, tmp_path):
   from release.install import uninstall
   b = make_bundle(tmp_path / "b")
-  left = op / "third_party" / ".modeld_msm.tmp-abc123" / "artifacts"
+  left = _base(op) / "third_party" / ".modeld_msm.tmp-abc123" / "artifacts"
   left.mkdir(parents=True)
   (left / "bundle.json").write_text("{}")
   install(op, b, log=quiet)
   assert not left.parent.exists()
   left.mkdir(parents=True)
   uninstall(op, log=quiet)
-  assert list((op / "third_party").iterdir()) == []   # third_party itself was there before install (the leftover's)
+  assert list((_base(op) / "third_party").iterdir()) == []   # third_party itself was there before install (the leftover's)
 
 
 # ---- item 9: signing ----
@@ -213,7 +219,7 @@ def test_bundle_json_of_the_wrong_shape_is_one_line(op, tmp_path, edit):
 def test_install_json_of_the_wrong_shape_is_one_line(op, tmp_path, edit):
   b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
   install(op, b, log=quiet)
-  f = op / INSTALL_REL / "install.json"
+  f = _base(op) / INSTALL_REL / "install.json"
   state = json.loads(f.read_text())
   edit(state)
   f.write_text(json.dumps(state))
