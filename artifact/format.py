@@ -110,20 +110,36 @@ def _remove_empty(dirs: list[Path]) -> None:
 
 
 def swap_in_dir(tmp: Path, out_dir: Path) -> None:
-  """Replace out_dir by the finished tmp dir (same parent): readers see the old tree or the new one, never a mix."""
+  """Replace out_dir by the finished tmp dir (same parent): readers see the old tree or the new one, never a mix.
+  Writers racing for one out_dir each move away what is there and put theirs in; the last one in wins, none fails on
+  a tree the other moved first."""
   os.chmod(tmp, 0o755)
-  old = None
-  if out_dir.exists():
-    old = out_dir.resolve().parent / f".{out_dir.name}.old-{os.getpid()}"
-    os.replace(out_dir, old)
+  olds: list[Path] = []
   try:
-    os.replace(tmp, out_dir)
+    for attempt in range(10):
+      if out_dir.exists() or out_dir.is_symlink():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{attempt}"
+        try:
+          os.replace(out_dir, old)
+          olds.append(old)
+        except FileNotFoundError:
+          pass   # another writer moved it away between the look and the move
+      try:
+        os.replace(tmp, out_dir)
+        break
+      except OSError as e:
+        # another writer's tree landed in between: move that away too (ENOTEMPTY/EEXIST: rename onto a non-empty folder)
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or attempt == 9:
+          raise
   except BaseException:
-    if old is not None:
-      os.replace(old, out_dir)   # the old tree back where it was: a failed swap must not lose the artifact being replaced
+    if olds and not out_dir.exists():
+      os.replace(olds.pop(0), out_dir)   # the old tree back where it was: a failed swap must not lose the artifact being replaced
     raise
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
+  for old in olds:
+    if old.is_symlink():
+      old.unlink()
+    else:
+      shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass

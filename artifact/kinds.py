@@ -50,6 +50,7 @@ class Kind:
   contract: str                      # what openpilot ships it as
   process: str                       # the openpilot process that serves it
   models: tuple[str, ...]            # the ONNX contracts it is compiled from (compile/onnx_model.py), in the order given
+  model_files: tuple[str, ...]       # what openpilot's tree calls those files
   compile_flags: str                 # how `modeld-msm compile` is given its models
   programs: tuple[Program, ...]
   bundle_dir: str = ""               # where a release bundle keeps its artifacts: <bundle>/<bundle_dir>/<w>x<h>/
@@ -83,20 +84,23 @@ def _driving_programs(inputs: tuple[IO, ...], outputs: tuple[IO, ...]) -> tuple[
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
-  Kind("driving", "driving model (modeld)", "0.11's vision + policy pair", "modeld", ("vision", "policy"), "--vision/--policy",
+  Kind("driving", "driving model (modeld)", "0.11's vision + policy pair", "modeld", ("vision", "policy"),
+       ("driving_vision.onnx", "driving_policy.onnx"), "--vision/--policy",
        _driving_programs((*_FRAMES, _DESIRE, _TRAFFIC, *_TFMS),
                          (IO("vision", "output", slices="vision"), IO("policy", "output", slices="policy"))),
        aliases=("pair", "split")),
   Kind("supercombo", "combined driving model of openpilot master (modeld)", "master's combined model (driving_supercombo.onnx)",
-       "modeld", ("supercombo",), "--model",
+       "modeld", ("supercombo",), ("driving_supercombo.onnx",), "--model",
        _driving_programs((*_FRAMES, _DESIRE, _TRAFFIC, IO("action_t", HOST, (1, 2)), *_TFMS), (IO("outputs", "output", slices="supercombo"),)),
        openpilot="master", aliases=("combined",), action_head=True),
   Kind("stateful", "stateful driving model of openpilot master since 2026-09 (modeld)",
-       "master's stateful model (driving_supercombo.onnx since 2026-09)", "modeld", ("stateful",), "--model",
+       "master's stateful model (driving_supercombo.onnx since 2026-09)", "modeld", ("stateful",),
+       ("driving_supercombo.onnx",), "--model",
        (Program(STEP_PKL, "step", (*_FRAMES, _DESIRE, _TRAFFIC, IO("action_t", HOST, (1, 2)), *_TFMS),
                 (IO("outputs", "output", slices="stateful"),)),),
        openpilot="master", aliases=("master-2026-09",), action_head=True, renamed_services=True),
-  Kind("dmonitoring", "driver-monitoring model (dmonitoringmodeld)", "dmonitoring_model.onnx", "dmonitoringmodeld", ("dmonitoring",), "--dmonitoring",
+  Kind("dmonitoring", "driver-monitoring model (dmonitoringmodeld)", "dmonitoring_model.onnx", "dmonitoringmodeld", ("dmonitoring",),
+       ("dmonitoring_model.onnx",), "--dmonitoring",
        (Program(DM_PKL, "step", (IO("frame", FRAME, dtype="uint8"), IO("m_inv", HOST, (3, 3)), IO("calib", HOST, (1, 3))),
                 (IO("outputs", "output", slices="dmonitoring"),)),),
        bundle_dir="dmonitoring", openpilot_choice=True, aliases=("dm", "driver-monitoring")),

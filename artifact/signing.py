@@ -82,10 +82,35 @@ def sign_manifest(manifest: bytes, key_path: Path) -> bytes:
 
 
 def sign_artifact(art_dir: Path, key_path: Path, manifest_name: str) -> str:
-  """Write art_dir/manifest.sig for the manifest as it is now; -> the key id."""
-  sig = sign_manifest((art_dir / manifest_name).read_bytes(), key_path)
-  write_atomic(art_dir / SIGNATURE, sig)
+  """Write art_dir/manifest.sig for the manifest as it is now; -> the key id. An artifact this key signed before and
+  that was edited since is refused: signing it again would vouch for the edit without anyone having looked."""
+  manifest = (art_dir / manifest_name).read_bytes()
+  check_not_edited_since(art_dir, manifest, key_path)
+  return sign_bytes(art_dir, manifest, key_path)
+
+
+def sign_bytes(folder: Path, data: bytes, key_path: Path, sig_name: str = SIGNATURE) -> str:
+  """Write folder/sig_name, this key's signature of data; -> the key id."""
+  sig = sign_manifest(data, key_path)
+  write_atomic(folder / sig_name, sig)
   return sig.split()[1].decode()
+
+
+def check_not_edited_since(art_dir: Path, manifest: bytes, key_path: Path) -> None:
+  from cryptography.exceptions import InvalidSignature
+  from cryptography.hazmat.primitives import serialization
+  pub = load_private(key_path).public_key()
+  try:
+    fields = dict(line.split(" ", 1) for line in (art_dir / SIGNATURE).read_text().splitlines())
+  except (FileNotFoundError, ValueError):
+    return   # unsigned, or a signature no one can read: nothing this key vouched for
+  if fields.get("key") != key_id(pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)):
+    return
+  try:
+    pub.verify(bytes.fromhex(fields.get("sig", "")), manifest)
+  except (InvalidSignature, ValueError):
+    raise SignatureError(f"artifact {art_dir} was signed by this key and edited since (its manifest no longer matches that signature); "
+                         "rebuild it, or restore the signed files, before signing") from None
 
 
 def configured_pubkey(explicit: str | os.PathLike | None = None) -> Path | None:
@@ -93,19 +118,20 @@ def configured_pubkey(explicit: str | os.PathLike | None = None) -> Path | None:
   return Path(value) if value else None
 
 
-def check_signature(art_dir: Path, manifest: bytes, pubkey: Path) -> str:
-  """Refuse unless art_dir/manifest.sig is pubkey's signature of exactly these manifest bytes; -> the key id."""
+def check_signature(art_dir: Path, manifest: bytes, pubkey: Path, sig_name: str = SIGNATURE) -> str:
+  """Refuse unless art_dir/sig_name is pubkey's signature of exactly these manifest bytes; -> the key id."""
   from cryptography.exceptions import InvalidSignature
   from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
   raw = load_public(pubkey)
   want = key_id(raw)
   try:
-    fields = dict(line.split(" ", 1) for line in (art_dir / SIGNATURE).read_text().splitlines())
+    fields = dict(line.split(" ", 1) for line in (art_dir / sig_name).read_text().splitlines())
   except FileNotFoundError:
-    raise SignatureError(f"artifact {art_dir} is not signed, and a public key is configured ({pubkey}); use a signed bundle "
+    what = "artifact" if sig_name == SIGNATURE else "smoke data"
+    raise SignatureError(f"{what} {art_dir} is not signed, and a public key is configured ({pubkey}); use a signed bundle "
                          f"from the release build (`modeld-msm sign`), or unset ${PUBKEY_ENV} to accept unsigned artifacts") from None
   except ValueError:
-    raise SignatureError(f"artifact {art_dir}: {SIGNATURE} is malformed; sign the bundle again with `modeld-msm sign`") from None
+    raise SignatureError(f"{art_dir}: {sig_name} is malformed; sign the bundle again with `modeld-msm sign`") from None
   if fields.get("key") != want:
     raise SignatureError(f"artifact {art_dir} is signed by key {fields.get('key')}, not by the configured key {want} ({pubkey}); "
                          "use a bundle signed with that key")

@@ -11,6 +11,7 @@ import os
 import sys
 
 from selfdrive_glue.errors import UserError, describe_os_error
+from selfdrive_glue.files import Terminated, stop_on_sigterm
 
 COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "serve-dm", "demo", "synth",
             "replay", "regress", "train", "train-dm", "doctor"]
@@ -63,6 +64,7 @@ def _load(name: str):
 
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
+  stop_on_sigterm()   # a command stopped by SIGTERM cleans up as on Ctrl-C (serve's loop takes both signals over)
   parser = argparse.ArgumentParser(prog="modeld-msm", description="openpilot modeld on vamOS (MSM DRM) and off the car (CPU)")
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   # only the chosen command's module is imported; others are listed from HELP
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
       raise
     print(f"modeld-msm {args.command}: error: {line}", file=sys.stderr)
     return 2
+  except Terminated:
+    return 143   # 128 + SIGTERM, as a shell reports it
   except KeyboardInterrupt:
     return 130
 

@@ -34,6 +34,7 @@ from compile.cpu import search as cpu_search
 from compile.onnx_model import load_model_info
 from compile.programs import check_signature, recipe_of
 from compile.report import CompileReport
+from compile.runtime_parse import check_runtime_parses
 from modeld_msm.named_program import NamedProgram, host_arrays, host_tensors
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info
@@ -111,6 +112,10 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
       raise UserError(f"the {kind.title} produces non-finite outputs; check the model file{'s' if len(infos) > 1 else ''}")
     if len(outs) > 1 and np.array_equal(outs[0][0], outs[1][0]):
       raise UserError(f"internal error: the {kind.name} program ignores its inputs; please report it")
+    out_specs = specs["step"]["outputs"]
+    report.checks.append(("runtime parse", "ok", check_runtime_parses(
+      kind, " + ".join(Path(models[m]).name for m in kind.models), {io["name"]: o.reshape(-1) for io, o in zip(out_specs, outs[0])},
+      {io["name"]: infos[io["slices"]].output_slices for io in out_specs})))
     report.checks.append(("jit == unjitted", "ok", recipe.jit_line(len(outs))))
     report.timings["jit check"] = time.perf_counter() - t
 

@@ -98,12 +98,16 @@ def decode_output_slices(b64: str) -> dict[str, slice]:
   except Exception as e:
     raise UserError(f"metadata 'output_slices' is not base64 of a pickled dict ({type(e).__name__}); regenerate the model metadata") from None
   if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, slice) and _index_ok(v) for k, v in raw.items()):
-    raise UserError("metadata 'output_slices' must map names to slices of integers")
+    raise UserError("metadata 'output_slices' must map names to slices of integers below 2**31")
+  if bad := [k for k in raw if not (k.isprintable() and 0 < len(k) <= 64)]:
+    # names are printed in reports and messages: a newline or a terminal escape in one is not a name
+    raise UserError(f"metadata 'output_slices' has {len(bad)} name(s) that are not printable text of 1-64 characters, e.g. {bad[0][:40]!r}")
   return raw
 
 
 def _index_ok(s: slice) -> bool:
-  ints = all(x is None or (isinstance(x, int) and not isinstance(x, bool) and x >= 0) for x in (s.start, s.stop))
+  # below 2**31: no output is wider, and a 5000-digit int cannot even be printed in an error message
+  ints = all(x is None or (isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31) for x in (s.start, s.stop))
   return ints and s.step in (None, 1)
 
 
@@ -162,6 +166,11 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
     model = onnx.load(str(path), load_external_data=False)
   except Exception as e:
     raise UserError(f"{kind} model {path} is not a readable ONNX file ({type(e).__name__}); re-download or regenerate it") from None
+  # weights kept in files beside the model: a way of saving ONNX, not damage; the compile reads one self-contained file
+  if external := sorted({e.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+                         for e in t.external_data if e.key == "location"}):
+    raise UserError(f"{kind} model {path.name} keeps its weights in external data files ({', '.join(external[:3])}); save it with the "
+                    "weights inside: onnx.save(onnx.load(path), out) loads them in and writes one file")
   # structure first (dangling node inputs, names that are not UTF-8, unknown types), so the contract below reads a sound graph
   _checker(model, kind, path, full=False)
   graph = model.graph
@@ -232,22 +241,26 @@ def _dtype_name(value_info) -> str:
     return f"ONNX element type {elem}"
 
 
-def _checker(model, kind: str, path: Path, full: bool, hint: str = "") -> None:
-  """onnx.checker; full: also strict type and shape inference through the graph (what onnxruntime checks when it loads)."""
+def _checker(model, kind: str, path: Path, full: bool, hint: dict[str, str] | None = None) -> None:
+  """onnx.checker; full: also strict type and shape inference through the graph (what onnxruntime checks when it loads).
+  hint: input name -> a likely cause, given only when the checker's message names that input."""
   import onnx
   try:
     onnx.checker.check_model(model, full_check=full)
   except Exception as e:
     why = (str(e).strip().splitlines() or [""])[0][:300]
-    raise UserError(f"{kind} model {path} is not a valid ONNX model ({type(e).__name__}: {why}){hint}; the file is damaged or was "
+    named = [h for name, h in (hint or {}).items() if name in str(e)]
+    hint_text = f" ({', '.join(named)}?)" if named else ""
+    raise UserError(f"{kind} model {path} is not a valid ONNX model ({type(e).__name__}: {why}){hint_text}; the file is damaged or was "
                     "edited: re-download or regenerate it") from None
 
 
-def _precision_hint(inputs: dict, output) -> str:
-  """Float inputs declared in another precision than the graph's output: the usual cause of a type error in an fp16 graph."""
+def _precision_hint(inputs: dict, output) -> dict[str, str]:
+  """Float inputs declared in another precision than the graph's output: the usual cause of a type error in an fp16 graph,
+  when the error is about that input (the DM's calib is float32 in its float16 graph by design: not every failure's cause)."""
   want = _dtype_name(output)
-  odd = [f"'{k}' {d}" for k, v in inputs.items() if (d := _dtype_name(v)).startswith("float") and want.startswith("float") and d != want]
-  return f" (input {', '.join(odd)} in a {want} graph?)" if odd else ""
+  return {k: f"input '{k}' {d} in a {want} graph" for k, v in inputs.items()
+          if (d := _dtype_name(v)).startswith("float") and want.startswith("float") and d != want}
 
 
 def _check_ops(model, kind: str, path: Path) -> None:

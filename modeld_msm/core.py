@@ -19,6 +19,7 @@ from artifact.format import VerifiedArtifact
 from modeld_msm.actions import Action, get_action, model_action_t
 from modeld_msm.fill_msg import PublishState, fill_lane_change, fill_model_msg, fill_pose_msg, lane_change_prob
 from modeld_msm.frames import Frame
+from modeld_msm.inputs_check import CALIB_ANGLE, LATERAL_DELAY, LONG_ACTUATOR_DELAY, STEERING_TORQUE, V_EGO, InputCheck
 from modeld_msm.model_state import ModelState
 from selfdrive_glue import messaging
 from selfdrive_glue.camera import model_transforms
@@ -80,7 +81,10 @@ class ModeldCore:
     self._init_state(car_params)
 
   def _init_state(self, car_params) -> None:
-    self.long_delay = float(car_params.longitudinalActuatorDelay) if car_params is not None else DEMO_LONG_ACTUATOR_DELAY
+    self.stats = CoreStats()
+    self.inputs = InputCheck(log, self.stats)   # every number read from a message: checked, counted in stats.bad_inputs
+    self.long_delay = (self.inputs.number("CarParams.longitudinalActuatorDelay", car_params.longitudinalActuatorDelay, LONG_ACTUATOR_DELAY)
+                       if car_params is not None else DEMO_LONG_ACTUATOR_DELAY)
     self.dh = DesireHelper()
     self.drop_filter = FrameDropFilter()
     self.publish_state = PublishState()
@@ -91,9 +95,9 @@ class ModeldCore:
     self.big_tfm = np.zeros((3, 3), np.float32)
     self.live_calib_seen = False
     self.last_vipc_frame_id = 0
-    self.stats = CoreStats()
     self._nonfinite_burst = False
     self._calib_error: str | None = None
+    self._bad_action = False
 
   def on_message(self, evt) -> None:
     """Feed one Event (replay: every logged Event in order; unsubscribed services are ignored)."""
@@ -111,14 +115,21 @@ class ModeldCore:
     msg = self.latest.get(service)
     return getattr(msg, attr) if msg is not None else default
 
+  def _carstate(self) -> SimpleNamespace:
+    """The carState fields the step reads, each checked (DesireHelper gets these, not the message)."""
+    cs = self.latest.get("carState", _NO_CARSTATE)
+    return SimpleNamespace(vEgo=self.inputs.number("carState.vEgo", cs.vEgo, V_EGO), leftBlinker=bool(cs.leftBlinker),
+                           rightBlinker=bool(cs.rightBlinker), steeringPressed=bool(cs.steeringPressed),
+                           steeringTorque=self.inputs.number("carState.steeringTorque", cs.steeringTorque, STEERING_TORQUE),
+                           leftBlindspot=bool(getattr(cs, "leftBlindspot", False)), rightBlindspot=bool(getattr(cs, "rightBlindspot", False)))
+
   def _update_transforms(self) -> None:
     # like openpilot: only on a fresh liveCalibration, and only once the camera and device are known
     if not ("liveCalibration" in self.updated and "roadCameraState" in self.latest and "deviceState" in self.latest):
       return
     try:
-      rpy = np.array(list(self.latest["liveCalibration"].rpyCalib), dtype=np.float64)
-      if rpy.shape != (3,) or not np.isfinite(rpy).all():
-        raise ValueError(f"rpyCalib must be 3 finite values, got {list(rpy)}")
+      if (rpy := self.inputs.vector("liveCalibration.rpyCalib", self.latest["liveCalibration"].rpyCalib, 3, CALIB_ANGLE)) is None:
+        return   # counted and logged by the check; the previous transforms stay
       self.tfm[:], self.big_tfm[:] = model_transforms(rpy, str(self.latest["deviceState"].deviceType),
                                                       str(self.latest["roadCameraState"].sensor), self.main_wide)
       self.live_calib_seen = True
@@ -136,8 +147,9 @@ class ModeldCore:
     desire = self.dh.desire  # the previous step's DesireHelper state, as openpilot does
     is_rhd = bool(self._get("driverMonitoringState", "isRHD", False))
     frame_id = int(self._get("roadCameraState", "frameId", 0))
-    v_ego = max(float(self._get("carState", "vEgo", 0.0)), 0.0)
-    lat_delay = float(self._get("liveDelay", "lateralDelay", DEFAULT_LAT_DELAY)) + 0.0
+    carstate = self._carstate()
+    v_ego = max(carstate.vEgo, 0.0)
+    lat_delay = self.inputs.number("liveDelay.lateralDelay", self._get("liveDelay", "lateralDelay", DEFAULT_LAT_DELAY), LATERAL_DELAY) + 0.0
     self._update_transforms()
     self.updated.clear()
 
@@ -171,12 +183,18 @@ class ModeldCore:
     self._nonfinite_burst = not finite
     valid = self.live_calib_seen and finite
 
-    carstate = self.latest.get("carState", _NO_CARSTATE)
     lat_active = bool(self._get("carControl", "latActive", False))
     # a kind with an action head (master's combined model) steers by it where the model has one, else by the plan
     head = outputs.get("action") if self.model.artifact.spec.action_head else None
     action = get_action(outputs["plan"][0], self.prev_action, self.long_delay, lat_delay, v_ego, head=head)
-    self.prev_action = action
+    if np.isfinite([action.desiredCurvature, action.desiredAcceleration]).all():
+      self.prev_action = action   # a NaN carried into the smoothing would stay there (tau 0 keeps 0*NaN): never sticky
+      self._bad_action = False
+    else:
+      valid = False
+      if not self._bad_action:
+        log.error("action is NaN/inf at frame %d; published with valid=False, the previous action kept for smoothing", main.frame_id)
+      self._bad_action = True
 
     model_msg = messaging.new_message("modelV2")
     drv_msg = messaging.new_message("drivingModelData")

@@ -21,6 +21,7 @@ from modeld_msm.constants import SEND_RAW_PRED
 from modeld_msm.dm_outputs import fill_driver_state, parse_dm_outputs
 from modeld_msm.frame_tensors import FrameTensors
 from modeld_msm.frames import Frame
+from modeld_msm.inputs_check import CALIB_ANGLE, InputCheck
 from modeld_msm.named_program import NamedProgram, host_arrays, host_tensors
 from selfdrive_glue import messaging
 from selfdrive_glue.camera import dm_warp_matrix
@@ -67,7 +68,7 @@ class DMonitoringCore:
     self.host["m_inv"][...] = dm_warp_matrix(self.camera[0])
     self.host["calib"][...] = 0
     self.stats = DMStats()
-    self._calib_error: str | None = None
+    self.inputs = InputCheck(log, self.stats)   # every number read from a message: checked, counted in stats.bad_inputs
     self._nonfinite_burst = False
 
   def switch_main(self, main_wide: bool) -> None:
@@ -80,17 +81,9 @@ class DMonitoringCore:
   def on_member(self, which: str, msg) -> None:
     if which not in SUBSCRIBED:
       return
-    try:
-      rpy = np.array(list(msg.rpyCalib), dtype=np.float32)
-      if rpy.shape != (3,) or not np.isfinite(rpy).all():
-        raise ValueError(f"rpyCalib must be 3 finite values, got {list(rpy)}")
+    # a bad one keeps the last calib; never fatal
+    if (rpy := self.inputs.vector(f"{which}.rpyCalib", msg.rpyCalib, 3, CALIB_ANGLE)) is not None:
       self.host["calib"][0] = rpy
-      self._calib_error = None
-    except Exception as e:   # a bad calibration message must not stop the process: keep the last calib
-      self.stats.bad_inputs += 1
-      if str(e) != self._calib_error:
-        log.error("ignoring %s: %s", which, e)
-        self._calib_error = str(e)
 
   def run(self, buf: np.ndarray) -> np.ndarray:
     """The raw output vector (float32) for one driver-camera buffer under the current calib and warp matrix."""

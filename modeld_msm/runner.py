@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from artifact import kinds
 from artifact.format import MANIFEST, VerifiedArtifact, require_camera, resolve_artifact, verify_artifact
 from modeld_msm.frames import OUT_OF_SYNC_NS, Frame, older_capture, still_paired_capture
 from selfdrive_glue import messaging
@@ -173,6 +174,11 @@ class ArtifactSource:
     check_artifact_path(path)
     self.path, self.process = Path(path), process
     self.single = verify_artifact(path, process=process) if (self.path / MANIFEST).exists() else None
+    served = kinds.served_by(process)
+    if self.single is None and all(k.bundle_dir for k in served) and not any((self.path / k.bundle_dir).glob(f"*/{MANIFEST}") for k in served):
+      # a bundle without this process's artifacts is refused now, not once a camera shows up
+      raise UserError(f"bundle {path} has no {served[0].name} artifacts (no {served[0].bundle_dir}/<w>x<h>/{MANIFEST}); build it with "
+                      f"`modeld-msm release {served[0].compile_flags} ...`, or pass an artifact of that kind")
     self.current = self.single   # the artifact the running core was made from
 
   def for_camera(self, camera: tuple[int, int]) -> VerifiedArtifact:

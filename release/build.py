@@ -28,11 +28,11 @@ from compile.build import compile_artifact
 from compile.onnx_model import detect_contract, load_model_info
 from compile.report import CompileReport
 from release import provenance, smoke
-from release.bundle import BUNDLE_FILE, SMOKE_DIR, human_size, tree_size
+from release.bundle import BUNDLE_FILE, SMOKE_DIR, human_size, sign_smoke, tree_size
 from release.smoke import DM_SMOKE_FRAMES, SMOKE_FRAMES
 from selfdrive_glue.argtypes import integer
 from selfdrive_glue.errors import UserError
-from selfdrive_glue.files import check_replaceable
+from selfdrive_glue.files import Terminated, check_replaceable, stop_on_sigterm
 from selfdrive_glue.nv12 import CAMERA_SIZES
 
 
@@ -83,6 +83,8 @@ def build_bundle(vision: Path | None, policy: Path | None, device: str, out: Pat
         entry["checks"].append(f"smoke recorded ({frames} frames)")
       if sign_key is not None:
         entry["signed_by"] = signing.sign_artifact(d, sign_key, MANIFEST)
+        if "smoke" in entry:   # the smoke verdict must rest on signed hashes too (bundle.json is not signed)
+          sign_smoke(tmp / SMOKE_DIR / kind.bundle_dir / cam, d, entry["smoke"]["files"], sign_key)
       entry["seconds"] = round(time.perf_counter() - t, 1)
       entry["provenance"] = provenance.of_artifact(art.meta)
       tables[kind.bundle_dir][cam] = entry
@@ -155,11 +157,14 @@ def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m release.build", description=__doc__.splitlines()[0])
   add_arguments(ap)
   a = ap.parse_args(argv)
+  stop_on_sigterm()
   try:
     return run(a)
   except UserError as e:
     print(f"release.build: error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt as e:   # the build's temp folder is gone by now
+    return 143 if isinstance(e, Terminated) else 130
 
 
 if __name__ == "__main__":

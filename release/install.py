@@ -47,7 +47,7 @@ import modeld_msm
 from artifact import kinds
 from artifact.format import swap_in_dir
 from artifact.signing import SignatureError, key_id, load_public
-from release.bundle import BUNDLE_FILE, human_size, sha256_bytes, tree_digest, tree_size, verify_bundle
+from release.bundle import BUNDLE_FILE, bundle_files, check_no_links, files_digest, human_size, sha256_bytes, tree_digest, verify_bundle
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
@@ -260,10 +260,30 @@ def read_state(root: Path) -> dict[str, Any] | None:
     raise UserError(f"{d} exists but was not written by `modeld-msm install` (no {STATE}); move it away and try again") from None
   except ValueError as e:
     raise UserError(f"{d / STATE} is unreadable ({e}); restore {PROCESS_CONFIG} with `git checkout`, remove {d}, then install again") from None
+  if not _state_shape_ok(state):
+    raise UserError(f"{d / STATE} is not of the shape `modeld-msm install` writes (edited?); restore {PROCESS_CONFIG} with `git checkout`, "
+                    f"remove {d}, then install again")
   if state.get("format") != STATE_FORMAT:
     raise UserError(f"{d / STATE} is of format {state.get('format')}, this modeld-msm writes {STATE_FORMAT}; uninstall with the "
                     "modeld-msm that installed it")
   return state
+
+
+def _state_shape_ok(state: Any) -> bool:
+  """install.json as install writes it, field by field where install and uninstall read it (JSON from disk is checked
+  before use: a wrong shape is one line, not a traceback halfway through an uninstall)."""
+  if not isinstance(state, dict):
+    return False
+  pc, bundle = state.get("process_config"), state.get("bundle")
+  if not isinstance(pc, dict) or not isinstance(bundle, dict):
+    return False
+  replaced = pc.get("replaced", {MODELD: pc})
+  return (all(isinstance(pc.get(k), str) for k in ("original_sha256", "installed_sha256"))
+          and isinstance(replaced, dict) and all(n in PROCESSES and isinstance(r, dict) for n, r in replaced.items())
+          and isinstance(bundle.get("digest"), str) and isinstance(bundle.get("source"), str) and isinstance(bundle.get("bytes"), int)
+          and isinstance(state.get("created_dirs", []), list) and all(isinstance(c, str) and ".." not in Path(c).parts and not Path(c).is_absolute()
+                                                                    for c in state.get("created_dirs", []))
+          and isinstance(state.get("pubkey") or "", str))
 
 
 def installed_pubkey(root: Path, state: dict[str, Any] | None, pubkey: str | os.PathLike | None, drop_pubkey: bool) -> tuple[Path | None, bool]:
@@ -386,7 +406,10 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
   src = source_root()
   launchers = {n: launcher_text(python, src, pubkey is not None, n) for n in wanted}
   pub_bytes = Path(pubkey).read_bytes() if pubkey is not None else None
-  digest = tree_digest(bundle)
+  files = bundle_files(b)   # what the signed manifests and bundle.json list: the only files copied
+  check_no_links(bundle, files)
+  unlisted = sum(len(fs) for _, _, fs in os.walk(bundle)) - len(files)   # os.walk follows no link (a link to / would walk the host)
+  digest = files_digest(bundle, files)
   what_bundle = f"{b.device}; {', '.join(b.cameras)}" + (f"; driver monitoring: {', '.join(dm)}" if dm else "")
   if state is not None:
     same = (set(wanted) == set(prev) and state["bundle"]["digest"] == digest
@@ -396,7 +419,7 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
       log(f"modeld-msm is already installed in {root} with this bundle ({what_bundle}); nothing to do")
       return "unchanged"
   what = "replace the installed bundle with" if state is not None else "copy"
-  size = tree_size(bundle)
+  size = sum((bundle / f).stat().st_size for f in files)
   key_note = (f"keep the installed public key {d / PUBKEY}: every artifact must be signed by it" if kept else
               f"REMOVE the installed public key {d / PUBKEY}: modeld will no longer check artifact signatures" if dropping else "")
   dm_stays = "" if dm else ((f"put openpilot's stock {DMONITORING} back" if DMONITORING in prev else f"leave openpilot's {DMONITORING} as it is")
@@ -409,12 +432,14 @@ def install(openpilot: str | os.PathLike, bundle: str | os.PathLike, python: str
     log(diff if diff else f"  leave {PROCESS_CONFIG} as it is (it already runs {INSTALL_REL} as {_names(wanted)})")
     return "dry run"
   _check_interpreter(python, src, wanted)
+  _remove_leftovers(root)
   created = [] if (root / "third_party").exists() else ["third_party"]
   (root / "third_party").mkdir(exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=".modeld_msm.tmp-", dir=root / "third_party"))
   try:
-    log(f"copying the bundle ({human_size(size)}) into {d / BUNDLE_DIR}")
-    shutil.copytree(bundle, tmp / BUNDLE_DIR)
+    log(f"copying the bundle ({human_size(size)}) into {d / BUNDLE_DIR}"
+        + (f"; {unlisted} file(s) in {bundle} that no manifest or {BUNDLE_FILE} lists are left out" if unlisted > 0 else ""))
+    copy_files(bundle, files, tmp / BUNDLE_DIR)
     verify_bundle(tmp / BUNDLE_DIR, device=b.device, pubkey=pubkey, smoke=None)
     if tree_digest(tmp / BUNDLE_DIR) != digest:
       raise UserError(f"the copy of {bundle} differs from it (was the bundle written to during the copy?); try again")
@@ -495,12 +520,30 @@ def uninstall(openpilot: str | os.PathLike, dry_run: bool = False, log=print) ->
     log(unified_diff(data, original, PROCESS_CONFIG))
   else:
     log(f"{PROCESS_CONFIG} no longer runs {INSTALL_REL} (restored by hand or replaced by an update); leaving it as it is")
+  _remove_leftovers(root)
   gone = d.parent / f".modeld_msm.removing-{os.getpid()}"
   os.replace(d, gone)   # one rename: the install is gone at once, the files follow
   shutil.rmtree(gone)
   _remove_created(root, state.get("created_dirs", []))
   log(f"modeld-msm removed from {root}: openpilot's manager runs its stock {_names(prev)} again")
   return "removed"
+
+
+def copy_files(src: Path, rels: list[str], dst: Path) -> None:
+  """Copy these files of src (checked by check_no_links) into dst; a link swapped in since is not followed (O_NOFOLLOW)."""
+  for rel in rels:
+    (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(src / rel, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fin, open(dst / rel, "wb") as fout:
+      shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+def _remove_leftovers(root: Path) -> None:
+  """Folders of an earlier install or uninstall killed midway (SIGKILL, power loss): only ours, by their names."""
+  tp = root / "third_party"
+  for p in [*tp.glob(".modeld_msm.tmp-*"), *tp.glob(".modeld_msm.removing-*")] if tp.is_dir() else []:
+    if p.is_dir() and not p.is_symlink():
+      shutil.rmtree(p, ignore_errors=True)
 
 
 def _remove_created(root: Path, created: list[str]) -> None:

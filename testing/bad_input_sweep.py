@@ -162,6 +162,12 @@ def catalogue() -> list[Case]:
            setup=lambda ws: ws.s("ro-m").mkdir(exist_ok=True), readonly=lambda ws: ws.s("ro-m")))
   add(Case("models disk full", lambda ws: ["models", "--size", "tiny", "-o", ws.s("m-full")], fsize=64 * 1024,
            outputs=lambda ws: [ws.s("m-full") / "driving_vision.onnx"]))
+  add(Case("models over the user's model file", lambda ws: ["models", "--contract", "dmonitoring", "-o",
+                                                             _write(ws.s("m-user") / "dmonitoring_model.onnx", "the user's model").parent]))
+  add(Case("train-dm over the user's model file", lambda ws: ["train-dm", "--steps", "1", "-o",
+                                                              _write(ws.s("t-user") / "dmonitoring_model.onnx", "the user's model").parent]))
+  add(Case("compile --model with --dmonitoring", lambda ws: ["compile", "--model", ws.vision, "--dmonitoring", ws.vision, "-o", ws.s("c-md")],
+           outputs=lambda ws: [ws.s("c-md")]))
   add(Case("models seed negative", lambda ws: ["models", "--size", "tiny", "--seed", "-3", "-o", ws.s("m2")], outputs=lambda ws: [ws.s("m2")]))
   # compile: paths, kinds, bytes, strings
   def comp(ws, vision=None, policy=None, *extra, out=None):
@@ -298,9 +304,65 @@ def catalogue() -> list[Case]:
          outputs=lambda ws: [ws.s("r-cam")], timeout=300))
   s(Case("replay disk full", lambda ws: ["replay", ws.seg, "--artifact", ws.art, "-o", ws.s("r-full"), "--quiet"], fsize=20 * 1024,
          timeout=300))
+  # issue 40: the release and install path as an attacker would use it
+  s(Case("install bundle with a link to a host file", lambda ws: ["install", _copy_tree(ws.op, ws.s("op-link")), "--bundle",
+                                                                  _linked_bundle(ws), "--allow-cpu"]))
+  s(Case("install bundle.json entry not a table", lambda ws: ["install", _copy_tree(ws.op, ws.s("op-shape")), "--bundle",
+                                                              _bundle_edited(ws, "b-shape", lambda i: i["artifacts"].update({"1928x1208": "x"})),
+                                                              "--allow-cpu"]))
+  s(Case("verify smoke name leaves the bundle", lambda ws: ["verify", _bundle_edited(
+    ws, "b-escape", lambda i: i["artifacts"]["1928x1208"]["smoke"]["files"].update({"../../../../etc/passwd": "0" * 64}))]))
+  s(Case("smoke forged tolerance", lambda ws: ["smoke", "--bundle", _forged_smoke(ws), "--skip-doctor"], timeout=300))
+  s(Case("compile -o our artifact with user notes", lambda ws: comp(ws, out=_with_notes(_copy_tree(ws.art, ws.s("ours-notes"))))))
   for case in slow:
     case.quick = False
   return c + slow
+
+
+def _bundle_edited(ws: Workspace, name: str, edit) -> Path:
+  import json
+  d = _copy_tree(ws.bundle, ws.s(name))
+  idx = json.loads((d / "bundle.json").read_text())
+  edit(idx)
+  (d / "bundle.json").write_text(json.dumps(idx))
+  return d
+
+
+def _linked_bundle(ws: Workspace) -> Path:
+  d = _copy_tree(ws.bundle, ws.s("b-link"))
+  meta = d / "1928x1208" / "metadata.json"
+  real = _write(ws.s("elsewhere") / "metadata.json", meta.read_bytes())
+  meta.unlink()
+  meta.symlink_to(real)
+  return d
+
+
+def _forged_smoke(ws: Workspace) -> Path:
+  """Expected outputs made wrong, a tolerance of 1e9 in smoke.json, and bundle.json's hashes following both."""
+  import io
+  import json
+
+  import numpy as np
+  d = _copy_tree(ws.bundle, ws.s("b-forged"))
+  sd = d / "smoke" / "1928x1208"
+  with np.load(sd / "expected.npz") as z:
+    raw, frame = z["raw"] + 5.0, z["frame"]
+  b = io.BytesIO()
+  np.savez_compressed(b, raw=raw, frame=frame)
+  (sd / "expected.npz").write_bytes(b.getvalue())
+  meta = json.loads((sd / "smoke.json").read_text())
+  meta["tolerance"] = {"rtol": 1e9, "atol": 1e9}
+  (sd / "smoke.json").write_text(json.dumps(meta))
+  idx = json.loads((d / "bundle.json").read_text())
+  idx["artifacts"]["1928x1208"]["smoke"]["files"].update({n: hashlib.sha256((sd / n).read_bytes()).hexdigest()
+                                                          for n in ("expected.npz", "smoke.json")})
+  (d / "bundle.json").write_text(json.dumps(idx))
+  return d
+
+
+def _with_notes(d: Path) -> Path:
+  _write(d / "NOTES.txt", "the user's notes")
+  return d
 
 
 def _key(ws: Workspace) -> Path:

@@ -14,6 +14,9 @@ does not allow:
 - any input taking longer than HANG_S is a hang.
 
   .venv/bin/python testing/fuzz.py --inputs 5000 --seed 1
+
+These are the readers' bytes; the values in well-formed messages (NaN, +-inf, negative, huge, the wrong union member)
+sent to the two real model processes are testing/fuzz_values.py's.
 """
 from __future__ import annotations
 

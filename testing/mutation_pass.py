@@ -38,6 +38,15 @@ TARGETS = {
   "backend/msm.py": ["tests/test_backend_qcom.py", "tests/test_emu_kernel_rules.py"],
   "release/install.py": ["tests/test_install.py"],
   "selfdrive_glue/files.py": ["tests/test_bad_input_cli.py", "tests/test_artifact.py"],
+  # issue 40: the checks of message values, the DM's parse, the combined model's runtime parse, install's bundle reading,
+  # signatures, and the emulator's command stream
+  "modeld_msm/inputs_check.py": ["tests/test_inputs_check.py"],
+  "modeld_msm/dm_outputs.py": ["tests/test_dmonitoring.py"],
+  "compile/runtime_parse.py": ["tests/test_supercombo_model.py"],
+  "release/bundle.py": ["tests/test_hostile_install.py", "tests/test_install.py"],
+  "artifact/signing.py": ["tests/test_hostile_install.py", "tests/test_bad_input_install.py"],
+  "backend/emu/pm4.py": ["tests/test_backend_emu.py"],
+  "backend/emu/iova.py": ["tests/test_backend_emu.py"],
 }
 
 SWAP_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}

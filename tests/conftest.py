@@ -150,7 +150,7 @@ def dm_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def dm_cpu_artifact(dm_model, tmp_path_factory) -> Path:
-  """CPU driver-monitoring artifact of the tiny DM model for 1928x1208, built in-process (compile.dm_build)."""
+  """CPU driver-monitoring artifact of the tiny DM model for 1928x1208, built in-process (compile.build)."""
   from compile.build import compile_artifact
   out = tmp_path_factory.mktemp("dm_cpu_artifact") / "artifact"
   report = compile_artifact("dmonitoring", {"dmonitoring": dm_model}, (1928, 1208), "CPU", out, log=lambda *_: None)

@@ -196,7 +196,9 @@ def test_calibration_reaches_the_model_and_a_bad_one_is_counted(dm_core, caplog)
   with caplog.at_level("ERROR", logger="dmonitoringmodeld"):
     dm_core.on_member("liveCalibration", event_reader("liveCalibration", rpyCalib=[0.0, float("nan"), 0.0]).liveCalibration)
     dm_core.on_member("liveCalibration", event_reader("liveCalibration", rpyCalib=[0.0, 0.1]).liveCalibration)
-  assert dm_core.stats.bad_inputs == 2 and sum("ignoring liveCalibration" in r.message for r in caplog.records) == 2
+    dm_core.on_member("liveCalibration", event_reader("liveCalibration", rpyCalib=[0.0, 1e30, 0.0]).liveCalibration)   # finite, absurd
+  # counted each, logged once for the burst (modeld_msm/inputs_check.py)
+  assert dm_core.stats.bad_inputs == 3 and sum("ignoring liveCalibration" in r.message for r in caplog.records) == 1
   assert _published(dm_core, buf, 3).driverStateV2.leftDriverData.faceOrientation[0] == moved   # the last good calib kept
 
 

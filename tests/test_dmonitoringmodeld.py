@@ -134,3 +134,13 @@ def test_serve_dm_picks_its_artifact_from_a_bundle(tmp_path, dm_cpu_artifact, cp
   finally:
     out = h.close()
   assert "dmonitoring/1928x1208" in out, out
+
+
+def test_sigint_while_python_looks_for_the_process_module_is_a_clean_stop():
+  """Issue 40.3: a SIGINT while runpy imports the package of `python -m modeld_msm.<process>` (sys.argv[0] is "-m"
+  then) ended in a KeyboardInterrupt traceback, exit 1 (dmonitoringmodeld and modeld alike: the package is theirs). Simulated
+  without timing: the state runpy is in, then the signal."""
+  code = ("import os, signal, sys, time; sys.argv = ['-m']; import modeld_msm; os.kill(os.getpid(), signal.SIGINT); time.sleep(5); "
+          "sys.exit(3)")
+  r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0 and "Traceback" not in r.stderr, (r.returncode, r.stderr)

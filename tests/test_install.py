@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
+from artifact.kinds import DM_PKL
 from release.install import INSTALL_REL, PROCESS_CONFIG, install, launcher_text, source_root, uninstall
 from selfdrive_glue.errors import UserError
 
@@ -90,8 +91,6 @@ def make_openpilot(root: Path, entries: list[str] | None = None) -> Path:
   (root / "tinygrad/__init__.py").write_text("raise ImportError('openpilot vendored tinygrad imported by modeld-msm')\n")
   return root
 
-
-DM_PKL = "dmonitoring_model.pkl"   # artifact.format.PROGRAMS["dmonitoring"]
 
 
 def make_bundle(d: Path, device: str = "QCOM", cameras=("1928x1208", "1344x760"), tag: bytes = b"", dm=()) -> Path:

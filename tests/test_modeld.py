@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -136,6 +137,88 @@ def test_bad_calibration_is_counted_not_fatal(core_factory, caplog):
     assert core.on_frame(_frame(2))
   assert core.stats.bad_inputs == 1 and np.array_equal(core.tfm, good)
   assert any("liveCalibration" in r.message for r in caplog.records)
+
+
+def _published(core, n: int):
+  """One step's modelV2: whether it is valid, and its action."""
+  e = _decode(core.on_frame(_frame(n)))["modelV2"]
+  return SimpleNamespace(valid=e.valid, action=e.modelV2.action)
+
+
+def _spy_action_t(core):
+  """Record the action_t each step hands the model, as master's combined model would be given it."""
+  seen, real_run = [], core.model.run
+
+  def spy(*a, action_t=None, **k):
+    seen.append(action_t)
+    core.model.combined = False   # the tiny pair's programs take no action_t
+    try:
+      return real_run(*a, **k)
+    finally:
+      core.model.combined = True
+  # the core passes action_t only to a combined model; the tiny pair has no action head, so the plan path is kept
+  core.model.run, core.model.combined = spy, True
+  return seen
+
+
+def test_a_bad_lateral_delay_is_counted_never_fatal_never_sticky(core_factory, caplog):
+  """Issue 40.1/40.2: a lateralDelay <= -0.075 s stopped modeld (a crash loop under the manager); a NaN one reached
+  master's action_t and, through the smoothing, desiredCurvature for good."""
+  core = core_factory()
+  _calibrated(core)
+  core.on_message(event_reader("carState", vEgo=20.0))
+  seen = _spy_action_t(core)
+  n = 0
+  with caplog.at_level("ERROR", logger="modeld"):
+    for bad in (-0.1, float("nan"), float("inf"), -1e30):
+      n += 1
+      core.on_message(event_reader("liveDelay", lateralDelay=bad))
+      m = _published(core, n)
+      assert m.valid and np.isfinite(m.action.desiredCurvature), bad
+  assert core.stats.bad_inputs == 4 and sum("liveDelay.lateralDelay" in r.message for r in caplog.records) == 1
+  assert all(np.isfinite(a).all() for a in seen) and [round(float(a[0, 0]), 4) for a in seen] == [0.275] * 4   # the default, 0.2 s
+  core.on_message(event_reader("liveDelay", lateralDelay=0.5))
+  m = _published(core, n + 1)
+  assert m.valid and float(seen[-1][0, 0]) == pytest.approx(0.575)   # the good value at once
+  core.on_message(event_reader("liveDelay", lateralDelay=float("nan")))
+  core.on_frame(_frame(n + 2))
+  assert float(seen[-1][0, 0]) == pytest.approx(0.575)   # then the last good one, not the default
+
+
+def test_bad_car_state_and_car_params_are_counted(cpu_artifact_1928, core_factory):
+  from modeld_msm.core import DEMO_LONG_ACTUATOR_DELAY, ModeldCore
+  cp = messaging.car.CarParams.new_message(longitudinalActuatorDelay=float("nan")).as_reader()
+  core = ModeldCore(cpu_artifact_1928, car_params=cp)
+  assert core.long_delay == DEMO_LONG_ACTUATOR_DELAY and core.stats.bad_inputs == 1
+  _calibrated(core)
+  for n, v in enumerate((float("nan"), float("inf"), 1e9), 1):
+    core.on_message(event_reader("carState", vEgo=v, steeringTorque=float("nan"), leftBlinker=True))
+    m = _published(core, n)
+    assert m.valid and np.isfinite(m.action.desiredCurvature) and np.isfinite(m.action.desiredAcceleration), v
+  assert core.stats.bad_inputs == 1 + 3 * 2
+  core.on_message(event_reader("carState", vEgo=20.0))
+  assert _published(core, 4).valid
+
+
+def test_a_nonfinite_action_is_published_invalid_and_not_kept(core_factory):
+  """A NaN plan (a model's bad frame) made a NaN action, and the smoothing kept it in prev_action after the model
+  recovered: every later desiredCurvature NaN."""
+  core = core_factory()
+  _calibrated(core)
+  core.on_message(event_reader("carState", vEgo=20.0))
+  real_run = core.model.run
+
+  def nan_plan(*a, **k):
+    out, raw = real_run(*a, **k)
+    if out is not None:
+      out = {**out, "plan": np.full_like(out["plan"], np.nan)}
+    return out, raw
+  core.model.run = nan_plan
+  assert not _published(core, 1).valid
+  core.model.run = real_run
+  for n in (2, 3):
+    m = _published(core, n)
+    assert m.valid and np.isfinite(m.action.desiredCurvature) and np.isfinite(m.action.desiredAcceleration)
 
 
 def test_desire_pulse_only_on_rising_edge(core_factory):

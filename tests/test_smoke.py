@@ -207,3 +207,45 @@ def test_qcom_bundle_smoke_on_the_emulated_a630(tiny_models, qcom_artifact, tmp_
   r = run_cli("smoke", "--bundle", out, "--emu")
   assert r.returncode == 0, r.stdout + r.stderr
   assert f"{CAM}: PASS  20 frames (18 outputs) on EMU+QCOM:IR3" in r.stdout and "IR3 execution" in r.stdout
+
+
+def _set_meta(bundle: Path, **fields) -> None:
+  """Edit smoke.json and record its new hash in bundle.json, as a forger would."""
+  f = bundle / "smoke" / CAM / META_FILE
+  meta = {**json.loads(f.read_text()), **fields}
+  f.write_text(json.dumps(meta))
+  idx = json.loads((bundle / "bundle.json").read_text())
+  idx["artifacts"][CAM]["smoke"]["files"][META_FILE] = hashlib.sha256(f.read_bytes()).hexdigest()
+  (bundle / "bundle.json").write_text(json.dumps(idx))
+
+
+def test_the_device_tolerance_holds_whatever_smoke_json_says(cpu_bundle, tmp_path):
+  """Issue 40.5: the tolerance was read from smoke.json, so wrong expectations with a tolerance of 1e9 passed."""
+  from artifact.format import verify_artifact
+  from release import smoke
+  b = _copy(cpu_bundle[0], tmp_path / "b")
+  _tamper_expected(b, 0, _raw_index(b, "policy", "plan"), 0.5, fix_hash=True)
+  _set_meta(b, tolerance={"rtol": 1e9, "atol": 1e9})
+  res = smoke.check(verify_artifact(b / CAM), b / "smoke" / CAM, frames=3)
+  assert not res.ok and "policy 'plan'[0]" in (res.mismatch or ""), res
+
+
+def test_a_signed_bundles_smoke_data_is_covered_by_the_signature(cpu_bundle, tmp_path):
+  """Issue 40.5: expected outputs, inputs and smoke.json were vouched for only by the unsigned bundle.json."""
+  from artifact.signing import SignatureError, generate_keypair
+  from release.bundle import SMOKE_SIGNATURE, sign_bundle, verify_bundle
+  priv, pub = generate_keypair(tmp_path / "keys")
+  b = _copy(cpu_bundle[0], tmp_path / "b")
+  with pytest.raises(SignatureError, match="smoke data .* is not signed"):   # an artifact signature alone is not enough
+    from artifact.format import sign_tree
+    sign_tree(b, priv)
+    verify_bundle(b, pubkey=pub)
+  sign_bundle(b, priv)
+  assert (b / "smoke" / CAM / SMOKE_SIGNATURE).is_file()
+  verify_bundle(b, pubkey=pub)
+  _tamper_expected(b, 0, 0, 1.0, fix_hash=True)   # bundle.json's hash follows the edit; the signature cannot
+  verify_bundle(b)   # unsigned use still trusts bundle.json
+  with pytest.raises(SignatureError, match="does not match"):
+    verify_bundle(b, pubkey=pub)
+  r = run_cli("smoke", "--bundle", b, "--pubkey", pub, "--skip-doctor")
+  assert r.returncode == 2 and "Traceback" not in r.stderr and "does not match" in r.stderr, r.stderr

@@ -192,3 +192,20 @@ def test_a_fused_model_that_does_not_append_this_frames_feature_fails_the_equiva
   feats = np.concatenate([x["features_buffer"], v[:, None, VISION_SLICES["hidden_state"]]], axis=1)
   p = _session(policy).run(None, {"features_buffer": feats, "desire_pulse": x["desire_pulse"], "traffic_convention": x["traffic_convention"]})[0]
   assert not np.array_equal(out[:, slices()["plan"]], p[:, POLICY_SLICES["plan"]])
+
+
+def test_a_plan_the_cars_parser_cannot_read_is_refused_by_the_runtime_parse(tmp_path):
+  """Issue 40.6: a plan slice 900 wide passed every contract check; modeld died on its first frame. The compile now
+  parses one reference output with the car's own code (compile/runtime_parse.py), which refuses it by name."""
+  from artifact import kinds
+  from compile.runtime_parse import check_runtime_parses
+  s = slices()
+  s["plan"] = slice(917, 917 + 900)
+  path = _edited(tmp_path, out_slices=s)
+  info = load_model_info(path, "supercombo")   # the slice checks before the runtime parse let it through
+  raw = np.random.default_rng(0).normal(0, 0.1, info.output_width).astype(np.float32)
+  kind = kinds.KINDS["supercombo"]
+  assert "parsed by the car's own code" in check_runtime_parses(kind, path.name, {"outputs": raw}, {"outputs": slices()})
+  with pytest.raises(UserError, match="driving_supercombo.onnx: the car's parser refuses its outputs .*'plan' is 900 wide"):
+    check_runtime_parses(kind, path.name, {"outputs": raw}, {"outputs": info.output_slices})
+

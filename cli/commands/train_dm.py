@@ -6,6 +6,7 @@ from pathlib import Path
 from offcar.train.dm_recipe import DMRecipe, train_dm
 from selfdrive_glue.argtypes import integer, real
 from selfdrive_glue.errors import UserError
+from selfdrive_glue.files import refuse_overwrite, write_atomic
 
 
 def add_arguments(p) -> None:
@@ -20,6 +21,7 @@ def add_arguments(p) -> None:
   p.add_argument("--batch", type=integer(1), default=d.batch, help=f"(default {d.batch})")
   p.add_argument("--lr", type=real(0, lo_open=True), default=d.lr, help=f"Adam peak learning rate (default {d.lr})")
   p.add_argument("--workers", type=integer(0), default=d.workers, help="render processes (default: render in this process)")
+  p.add_argument("--force", action="store_true", help="overwrite dmonitoring_model.onnx and dm_recipe.json already in DIR")
   p.epilog = ("The device is tinygrad's default: DEV=CUDA modeld-msm train-dm ... on an NVIDIA GPU (the shipped stand-in: ~5 min on "
               "an H200 with --workers 7), the CPU otherwise (~1 s a step on 2 cores).")
 
@@ -30,6 +32,10 @@ def run(args) -> int:
   out = Path(args.output)
   if out.exists() and not out.is_dir():
     raise UserError(f"{out} exists and is not a directory")
+  refuse_overwrite([out / "dmonitoring_model.onnx", out / "dm_recipe.json"], args.force)
+  out.mkdir(parents=True, exist_ok=True)
+  write_atomic(out / ".modeld-msm-write-test", b"")   # a read-only or missing -o fails now (one line), not after the training
+  (out / ".modeld-msm-write-test").unlink()
   recipe = DMRecipe(seed=args.seed, train_scenes=args.scenes, frames_per_scene=args.frames, eval_scenes=args.eval_scenes,
                     eval_frames=args.eval_frames, steps=args.steps, batch=args.batch, lr=args.lr, workers=args.workers)
   m = train_dm(recipe, out)["metrics"]
