@@ -114,3 +114,19 @@ def test_demo_runs_masters_combined_model(tmp_path):
   from offcar.accuracy import LANE_ERROR_LIMIT_M
   assert s["lane_error_m_p50"] <= LANE_ERROR_LIMIT_M, s
   assert "Traceback" not in (out / "modeld.log").read_text()
+
+
+def test_demo_runs_masters_stateful_model_under_masters_names(tmp_path):
+  """--kind stateful: the stand-in pair rewritten into master's stateful model, served by the same modeld while the camera
+  server publishes only master's service names of 2026-09 (narrowRoadCameraState, extrinsicsCalibration, lateralDelay);
+  dmonitoringmodeld runs beside it on cabinCameraState's stream. Lane lines on the rendered road, the DM within its bar."""
+  out = tmp_path / "out"
+  r = run_cli("demo", "--kind", "stateful", "--seconds", SECONDS, "--out", out, timeout=900)
+  assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+  s = json.loads((out / "summary.json").read_text())
+  assert s["kind"] == "stateful" and s["weights"] == "stand-in" and s["published"]["modelV2"] >= 10, s
+  from offcar.accuracy import LANE_ERROR_LIMIT_M
+  assert s["lane_error_m_p50"] <= LANE_ERROR_LIMIT_M, s
+  assert s["published"]["driverStateV2"] >= 10, s
+  for log in ("modeld.log", "dmonitoringmodeld.log", "camera.log"):
+    assert "Traceback" not in (out / log).read_text(), log
