@@ -1,6 +1,9 @@
 """The MSM kernel interface: a mainline drm/msm render node under tinygrad's QCOM device.
 
-Every allocation is a `GemBuffer` holding its three identities (GEM handle, CPU mapping, GPU IOVA). Commands carry
+Every allocation is a `GemBuffer` holding its three identities (GEM handle, CPU mapping, GPU IOVA), in both address
+modes: kernel-managed (GET_IOVA; the submit's BO table maps and pins) and VM_BIND (6.17+: our own VA allocator over
+VA_START/VA_SIZE, a MAP when the buffer is made, an UNMAP only once the last fence that can touch it retired; submits
+carry no BO table). MODELD_MSM_VM=auto|bind|kernel picks the mode; auto takes VM_BIND where the kernel accepts it. Commands carry
 IOVAs; the CPU writes through the mapping. Submits go through a small scheduler: at most `inflight` jobs are given to
 the kernel at a time (the a630 has one ring and no preemption, so what sits in the ring delays the compositor), the
 rest wait in a FIFO that waits on fences pump. A buffer is closed only when no pending or in-flight submit and no
@@ -14,7 +17,9 @@ import errno
 import glob
 import mmap
 import os
+import select
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +29,7 @@ from tinygrad.uop.ops import sym_infer
 
 from backend import uapi as u
 from backend.intervals import IntervalIndex
+from backend.va import VaAllocator
 
 PAGE = 0x1000
 BO_RW = u.MSM_SUBMIT_BO_READ | u.MSM_SUBMIT_BO_WRITE
@@ -36,6 +42,14 @@ FINI_DRAIN_MS = 2000
 FENCE_CYCLE = 1 << 31
 # EINTR/EAGAIN from GEM_SUBMIT come before anything was queued (interruptible locks): tries before it counts as refused
 SUBMIT_RETRIES = 100
+VM_MODES = ("auto", "bind", "kernel")
+
+
+def vm_mode_from_env() -> str:
+  mode = os.environ.get("MODELD_MSM_VM", "auto").strip().lower() or "auto"
+  if mode not in VM_MODES:
+    raise RuntimeError(f"MODELD_MSM_VM={mode!r} is not one of {', '.join(VM_MODES)}")
+  return mode
 
 
 def fence_after(a: int, b: int) -> bool:
@@ -47,6 +61,10 @@ def fence_after(a: int, b: int) -> bool:
 
 class MSMFault(RuntimeError):
   """The GPU faulted or hung on one of our jobs. The job's lost signal writes were completed, so the device stays usable."""
+
+
+class MSMVmLost(MSMFault):
+  """VM_BIND mode after a GPU hang: the kernel marked this file's VM unusable (every submit is EPIPE); reopen the device."""
 
 
 class MSMTimeout(RuntimeError):
@@ -73,6 +91,7 @@ class GemBuffer:
   freed: bool = False   # the owner let go; closed once pins == 0 and last_fence retired
   closed: bool = False
   packed: bytes = b""   # its drm_msm_gem_submit_bo entry
+  bound: bool = False   # VM_BIND mode: iova is our own range, mapped by a VM_BIND MAP (unmapped at close)
 
 
 @dataclass(eq=False)
@@ -129,8 +148,9 @@ def drm_version(fd) -> tuple[str, tuple[int, int, int]]:
   return name.value.decode(errors="replace"), (v2.version_major, v2.version_minor, v2.version_patchlevel)
 
 
-def find_render_node(paths: list[str] | None = None) -> tuple[FileIOInterface, str]:
-  """Opens the first render node driven by msm with an Adreno 630 (chip 6.3.0.x)."""
+def find_render_node(paths: list[str] | None = None, before_params=None) -> tuple[FileIOInterface, str]:
+  """Opens the first render node driven by msm with an Adreno 630 (chip 6.3.0.x). before_params(fd) runs on each msm
+  node before its first GET_PARAM: any GET_PARAM makes the file's VM, after which EN_VM_BIND is refused."""
   seen = []
   for path in paths if paths is not None else sorted(glob.glob("/dev/dri/renderD*")):
     try:
@@ -143,6 +163,8 @@ def find_render_node(paths: list[str] | None = None) -> tuple[FileIOInterface, s
       if name != "msm":
         seen.append(f"{path}: driver {name}")
         continue
+      if before_params is not None:
+        before_params(fd)
       gpu, chip = get_param(fd, u.MSM_PARAM_GPU_ID), get_param(fd, u.MSM_PARAM_CHIP_ID)
       if gpu != 630 or chip >> 8 != u.ADRENO_630_CHIP_ID >> 8:
         seen.append(f"{path}: msm {ver} gpu {gpu} chip {chip:#x} (need Adreno 630)")
@@ -160,6 +182,8 @@ class MSMIface:
 
   def __init__(self, dev, device_id: int = 0):
     self.dev, self.device_id = dev, device_id
+    self.vm_asked = vm_mode_from_env()
+    self.vm_bind, self.vm_reason = False, "not chosen yet"
     self.fd, self.path = self._open()
     self.peer_group = f"QCOM:{id(self):x}"   # signal pages are this node's GEM objects: never shared with another device
     self.driver_version = drm_version(self.fd)[1]
@@ -168,6 +192,15 @@ class MSMIface:
     self.priorities = get_param(self.fd, u.MSM_PARAM_PRIORITIES)
     self.va_range = self._va_range()
     self.settings = Settings.from_env(self.priorities)
+    self.va: VaAllocator | None = None
+    self.bind_queue = 0
+    if self.vm_bind:
+      if self.va_range is None:
+        raise RuntimeError(f"{self.path}: VM_BIND is on but the kernel reports no VA_START/VA_SIZE")
+      self.va = VaAllocator(*self.va_range)
+      # VM_BIND ops go through a queue of their own kind (prio 0 is the only one it takes)
+      _ioctl(self.fd, u.DRM_IOCTL_MSM_SUBMITQUEUE_NEW, bq := u.drm_msm_submitqueue(flags=u.MSM_SUBMITQUEUE_VM_BIND, prio=0))
+      self.bind_queue = bq.id
     _ioctl(self.fd, u.DRM_IOCTL_MSM_SUBMITQUEUE_NEW, q := u.drm_msm_submitqueue(flags=0, prio=self.settings.priority))
     self.queue_id = q.id
     self.index: IntervalIndex[GemBuffer] = IntervalIndex()
@@ -179,13 +212,35 @@ class MSMIface:
     self.zombies: list[GemBuffer] = []
     self.submit_flags = u.MSM_PIPE_3D0 | (0 if getenv("MSM_IMPLICIT_SYNC", 0) else u.MSM_SUBMIT_NO_IMPLICIT)
     self._cmd = u.drm_msm_gem_submit_cmd(type=u.MSM_SUBMIT_CMD_BUF)
+    self._no_table = (ctypes.c_char * 1)()
     self._submit = u.drm_msm_gem_submit(flags=self.submit_flags, queueid=self.queue_id, nr_cmds=1, cmds=ctypes.addressof(self._cmd))
     self.stats: collections.Counter[str] = collections.Counter()
     self.closed = False
     self.recent: collections.deque[Job] = collections.deque(maxlen=64)   # the last jobs given to the kernel, for tests and doctor
 
   def _open(self):
-    return find_render_node()
+    return find_render_node(before_params=self._choose_vm)
+
+  def _choose_vm(self, fd) -> None:
+    """Asks for VM_BIND (unless MODELD_MSM_VM=kernel) before anything makes the file's VM; auto falls back to the
+    kernel-managed mode when the kernel refuses (EINVAL before 6.17 or without per-process page tables)."""
+    if self.vm_asked == "kernel":
+      self.vm_bind, self.vm_reason = False, "MODELD_MSM_VM=kernel"
+      return
+    try:
+      _ioctl(fd, u.DRM_IOCTL_MSM_SET_PARAM, u.drm_msm_param(pipe=u.MSM_PIPE_3D0, param=u.MSM_PARAM_EN_VM_BIND, value=1))
+    except OSError as e:
+      if self.vm_asked == "bind":
+        raise RuntimeError(f"MODELD_MSM_VM=bind, but the kernel refused SET_PARAM(EN_VM_BIND): {e.strerror} "
+                           f"(it needs msm 1.13 / Linux 6.17+ with per-process page tables); use MODELD_MSM_VM=auto") from e
+      self.vm_bind, self.vm_reason = False, f"kernel refused EN_VM_BIND ({e.strerror}): kernel-managed addresses"
+      print(f"msm: {self.vm_reason}", file=sys.stderr)
+      return
+    self.vm_bind, self.vm_reason = True, f"EN_VM_BIND accepted (MODELD_MSM_VM={self.vm_asked})"
+
+  @property
+  def vm_mode(self) -> str:
+    return "bind" if self.vm_bind else "kernel"
 
   def _va_range(self) -> tuple[int, int] | None:
     try:
@@ -202,17 +257,59 @@ class MSMIface:
       _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_NEW, new := u.drm_msm_gem_new(size=size, flags=flags))
     except OSError as e:
       raise MemoryError(f"msm GEM_NEW of {size} bytes failed: {e}") from e
+    cpu = iova = 0
     try:
       _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_INFO, off := u.drm_msm_gem_info(handle=new.handle, info=u.MSM_INFO_GET_OFFSET))
-      _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_INFO, iova := u.drm_msm_gem_info(handle=new.handle, info=u.MSM_INFO_GET_IOVA))
       cpu = self.fd.mmap(0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, off.value)
-    except OSError as e:
+      iova = self._map_new(new.handle, size)
+    except (OSError, MemoryError) as e:
+      if cpu:
+        FileIOInterface.munmap(cpu, size)
       _ioctl(self.fd, u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=new.handle))
-      raise MemoryError(f"msm BO setup (GEM_INFO/mmap) of {size} bytes failed: {e}") from e
-    gem = GemBuffer(new.handle, size, iova.value, cpu, packed=_BO.pack(BO_RW, new.handle, iova.value))
+      raise MemoryError(f"msm BO setup (GEM_INFO/mmap/{'VM_BIND' if self.vm_bind else 'GET_IOVA'}) of {size} bytes failed: {e}") from e
+    gem = GemBuffer(new.handle, size, iova, cpu, packed=_BO.pack(BO_RW, new.handle, iova), bound=self.vm_bind)
     self.index.add(gem.iova, size, gem)
     self.stats["alloc"] += 1
     return gem
+
+  def _map_new(self, handle: int, size: int) -> int:
+    """The BO's GPU address: the kernel's (GET_IOVA), or a range of ours mapped with VM_BIND (freed again if the MAP fails)."""
+    if not self.vm_bind:
+      _ioctl(self.fd, u.DRM_IOCTL_MSM_GEM_INFO, iova := u.drm_msm_gem_info(handle=handle, info=u.MSM_INFO_GET_IOVA))
+      return iova.value
+    assert self.va is not None
+    addr = self.va.alloc(size)
+    try:
+      self._bind(u.MSM_VM_BIND_OP_MAP, addr, size, handle)
+    except BaseException:
+      self.va.free(addr)
+      raise
+    self.stats["vm_map"] += 1
+    return addr
+
+  def _bind(self, op: int, iova: int, size: int, handle: int = 0) -> None:
+    """One VM_BIND op, waited for: the bind job runs on the kernel's VM_BIND scheduler, and a GEM_SUBMIT does not wait for
+    it, so a MAP must have landed before any job uses the range (and an UNMAP before the range is handed out again)."""
+    arg = u.drm_msm_vm_bind(flags=u.MSM_VM_BIND_FENCE_FD_OUT, nr_ops=1, queue_id=self.bind_queue, fence_fd=-1)
+    arg.op = u.drm_msm_vm_bind_op(op=op, handle=handle, obj_offset=0, iova=iova, range=size)
+    for tries in range(1, SUBMIT_RETRIES + 1):
+      try:
+        _ioctl(self.fd, u.DRM_IOCTL_MSM_VM_BIND, arg)
+        break
+      except OSError as e:
+        if e.errno == errno.EPIPE:
+          raise MSMVmLost(f"msm VM_BIND on {self.path}: the VM is unusable after a GPU hang (EPIPE); reopen the device") from e
+        if e.errno not in (errno.EINTR, errno.EAGAIN) or tries == SUBMIT_RETRIES:
+          raise
+    if arg.fence_fd >= 0:
+      try:
+        p = select.poll()
+        p.register(arg.fence_fd, select.POLLIN)
+        if not p.poll(self.settings.wait_timeout_ms):
+          raise MSMTimeout(f"msm VM_BIND {'MAP' if op == u.MSM_VM_BIND_OP_MAP else 'UNMAP'} of {iova:#x}+{size:#x} not done after "
+                           f"{self.settings.wait_timeout_ms} ms")
+      finally:
+        os.close(arg.fence_fd)
 
   def free(self, gem: GemBuffer) -> None:
     """Retire, then free: closes now if nothing can touch it any more, else when its last fence retires or its last graph dies."""
@@ -236,6 +333,15 @@ class MSMIface:
       return False
     FileIOInterface.munmap(gem.cpu, gem.size)
     self.index.remove(gem.iova)
+    if gem.bound:
+      # the last fence that could touch the range has retired (checked above): now it may go, and only then be reused
+      assert self.va is not None
+      try:
+        self._bind(u.MSM_VM_BIND_OP_UNMAP, gem.iova, gem.size)
+        self.va.free(gem.iova)
+      except MSMVmLost:
+        self.va.free(gem.iova)   # the whole VM is gone with the file; nothing maps the range any more
+      self.stats["vm_unmap"] += 1
     _ioctl(self.fd, u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=gem.handle))
     gem.closed = True
     self.stats["close"] += 1
@@ -277,9 +383,15 @@ class MSMIface:
     """Gives pending jobs to the kernel while fewer than `inflight` are there."""
     while self.pending and len(self.inflight) < self.settings.inflight:
       job = self.pending.popleft()
-      self._cmd.submit_offset, self._cmd.size = job.offset, job.size
-      buf = (ctypes.c_char * len(job.table)).from_buffer(job.table)
-      self._submit.nr_bos, self._submit.bos = job.nr_bos, ctypes.addressof(buf)
+      self._cmd.size = job.size
+      if self.vm_bind:
+        # no BO table: the kernel validates the whole VM, and the command range is named by its GPU address
+        self._cmd.submit_offset, self._cmd.iova = 0, job.cmd.iova + job.offset
+        self._submit.nr_bos, self._submit.bos = 0, ctypes.addressof(self._no_table)
+      else:
+        self._cmd.submit_offset = job.offset
+        buf = (ctypes.c_char * len(job.table)).from_buffer(job.table)
+        self._submit.nr_bos, self._submit.bos = job.nr_bos, ctypes.addressof(buf)
       try:
         self._submit_ioctl()
       except OSError as e:
@@ -287,6 +399,9 @@ class MSMIface:
         self._recover([job], older_than_inflight=False)
         if e.errno == errno.EIO:
           raise MSMFault(f"GPU hang: msm GEM_SUBMIT returned EIO on {self.path} (recovered; the job did not run)") from e
+        if e.errno == errno.EPIPE:
+          raise MSMVmLost(f"msm GEM_SUBMIT on {self.path}: the VM_BIND VM is unusable after a GPU hang (EPIPE); "
+                          f"the device must be reopened (restart the process)") from e
         raise MSMFault(f"msm GEM_SUBMIT rejected a job with {job.nr_bos} BOs: {e}") from e
       job.fence = self.last_fence = self._submit.fence
       job.cmd.last_fence = job.fence
@@ -296,7 +411,7 @@ class MSMIface:
       self.recent.append(job)
       self.stats["max_inflight"] = max(self.stats["max_inflight"], len(self.inflight))
       self.stats["submits"] += 1
-      self.stats["bos"] += job.nr_bos
+      self.stats["bos"] += 0 if self.vm_bind else job.nr_bos
 
   def _submit_ioctl(self) -> None:
     for tries in range(1, SUBMIT_RETRIES + 1):
@@ -461,6 +576,7 @@ class MSMIface:
     self.pending.clear()
     self.inflight.clear()
     self.closed = True
+    # the VM_BIND queue stays open: buffers freed after this (tinygrad's finalizers) still unmap their ranges through it
     if getattr(self, "queue_id", 0):
       try:
         _ioctl(self.fd, u.DRM_IOCTL_MSM_SUBMITQUEUE_CLOSE, ctypes.c_uint32(self.queue_id))
@@ -484,6 +600,7 @@ class EMUIface(MSMIface):
     from backend.emu import RenderNode
     # level B (IR3 execution) is read from the environment per device, not through tinygrad's cached getenv
     node = RenderNode(strict=bool(getenv("EMU_STRICT", 1)), execute=os.environ.get("EMU_EXEC", "0") not in ("", "0"))
+    self._choose_vm(node)
     return node, node.path
 
   @property
