@@ -43,6 +43,7 @@ FENCE_CYCLE = 1 << 31
 # EINTR/EAGAIN from GEM_SUBMIT come before anything was queued (interruptible locks): tries before it counts as refused
 SUBMIT_RETRIES = 100
 VM_MODES = ("auto", "bind", "kernel")
+_said: set[str] = set()
 
 
 def vm_mode_from_env() -> str:
@@ -234,7 +235,9 @@ class MSMIface:
         raise RuntimeError(f"MODELD_MSM_VM=bind, but the kernel refused SET_PARAM(EN_VM_BIND): {e.strerror} "
                            f"(it needs msm 1.13 / Linux 6.17+ with per-process page tables); use MODELD_MSM_VM=auto") from e
       self.vm_bind, self.vm_reason = False, f"kernel refused EN_VM_BIND ({e.strerror}): kernel-managed addresses"
-      print(f"msm: {self.vm_reason}", file=sys.stderr)
+      if self.vm_reason not in _said:   # once per process and reason, not once per device opened
+        _said.add(self.vm_reason)
+        print(f"msm: {self.vm_reason}", file=sys.stderr)
       return
     self.vm_bind, self.vm_reason = True, f"EN_VM_BIND accepted (MODELD_MSM_VM={self.vm_asked})"
 
