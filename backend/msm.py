@@ -226,7 +226,7 @@ class MSMIface:
     """Asks for VM_BIND (unless MODELD_MSM_VM=kernel) before anything makes the file's VM; auto falls back to the
     kernel-managed mode when the kernel refuses (EINVAL before 6.17 or without per-process page tables)."""
     if self.vm_asked == "kernel":
-      self.vm_bind, self.vm_reason = False, "MODELD_MSM_VM=kernel"
+      self.vm_bind, self.vm_reason = False, "asked for"
       return
     try:
       _ioctl(fd, u.DRM_IOCTL_MSM_SET_PARAM, u.drm_msm_param(pipe=u.MSM_PIPE_3D0, param=u.MSM_PARAM_EN_VM_BIND, value=1))
@@ -234,12 +234,12 @@ class MSMIface:
       if self.vm_asked == "bind":
         raise RuntimeError(f"MODELD_MSM_VM=bind, but the kernel refused SET_PARAM(EN_VM_BIND): {e.strerror} "
                            f"(it needs msm 1.13 / Linux 6.17+ with per-process page tables); use MODELD_MSM_VM=auto") from e
-      self.vm_bind, self.vm_reason = False, f"kernel refused EN_VM_BIND ({e.strerror}): kernel-managed addresses"
+      self.vm_bind, self.vm_reason = False, f"the kernel refused EN_VM_BIND: {e.strerror}"
       if self.vm_reason not in _said:   # once per process and reason, not once per device opened
         _said.add(self.vm_reason)
-        print(f"msm: {self.vm_reason}", file=sys.stderr)
+        print(f"msm: {self.vm_reason}; using kernel-managed GPU addresses", file=sys.stderr)
       return
-    self.vm_bind, self.vm_reason = True, f"EN_VM_BIND accepted (MODELD_MSM_VM={self.vm_asked})"
+    self.vm_bind, self.vm_reason = True, "EN_VM_BIND accepted"
 
   @property
   def vm_mode(self) -> str:

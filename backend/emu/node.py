@@ -26,8 +26,8 @@ from backend import uapi as u
 from backend.emu import pm4
 from backend.emu.executor import Dispatch, ExecState, Executor, Frame, GpuFault, PageFault, always_on_counter
 from backend.emu.iova import PAGE, IovaWindow
-from backend.emu.vm import UserVM
 from backend.emu.ir3.execute import Counts, run_dispatch
+from backend.emu.vm import UserVM
 from backend.intervals import IntervalIndex
 
 _FAILED = 0xffffffffffffffff
