@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from tinygrad.helpers import getenv
+from tinygrad.runtime.autogen import libc
 from tinygrad.runtime.support.hcq import FileIOInterface
 from tinygrad.uop.ops import sym_infer
 
@@ -68,6 +69,10 @@ class MSMVmLost(MSMFault):
   """VM_BIND mode after a GPU hang: the kernel marked this file's VM unusable (every submit is EPIPE); reopen the device."""
 
 
+class ImportRefused(RuntimeError):
+  """The kernel would not take an fd as a dma-buf (PRIME_FD_TO_HANDLE): the caller copies the frame instead."""
+
+
 class MSMTimeout(RuntimeError):
   """A fence did not retire by the deadline. Not sticky: a later wait may still see it retire."""
 
@@ -93,6 +98,7 @@ class GemBuffer:
   closed: bool = False
   packed: bytes = b""   # its drm_msm_gem_submit_bo entry
   bound: bool = False   # VM_BIND mode: iova is our own range, mapped by a VM_BIND MAP (unmapped at close)
+  imported: tuple[int, int] | None = None   # (st_dev, st_ino) of the dma-buf it came from; cpu is then our read-only view
 
 
 @dataclass(eq=False)
@@ -205,6 +211,7 @@ class MSMIface:
     _ioctl(self.fd, u.DRM_IOCTL_MSM_SUBMITQUEUE_NEW, q := u.drm_msm_submitqueue(flags=0, prio=self.settings.priority))
     self.queue_id = q.id
     self.index: IntervalIndex[GemBuffer] = IntervalIndex()
+    self.imports: dict[tuple[int, int], GemBuffer] = {}
     self.pending: collections.deque[Job] = collections.deque()
     self.inflight: collections.deque[Job] = collections.deque()
     self.retired = self.last_fence = self.faults_seen = 0
@@ -273,6 +280,35 @@ class MSMIface:
     gem = GemBuffer(new.handle, size, iova, cpu, packed=_BO.pack(BO_RW, new.handle, iova), bound=self.vm_bind)
     self.index.add(gem.iova, size, gem)
     self.stats["alloc"] += 1
+    return gem
+
+  def import_dmabuf(self, fd: int) -> GemBuffer:
+    """A dma-buf (a camera frame) as a GemBuffer: imported once per buffer (VisionIPC reuses its ring, and the kernel hands
+    the same object back for the same dma-buf anyway), given a GPU address like any allocation, listed read-only in
+    kernel-mode tables, and a read-only CPU view of our own. ImportRefused when the kernel will not take the fd."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    if (gem := self.imports.get(key)) is not None and not gem.freed:
+      return gem
+    try:
+      _ioctl(self.fd, u.DRM_IOCTL_PRIME_FD_TO_HANDLE, p := u.drm_prime_handle(fd=fd))
+    except OSError as e:
+      raise ImportRefused(f"PRIME_FD_TO_HANDLE refused the frame's fd: {e.strerror or e}") from e
+    size = (st.st_size + PAGE - 1) & ~(PAGE - 1)
+    cpu = libc.mmap(0, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    try:
+      if cpu in (0, 0xffffffffffffffff):
+        raise MemoryError(f"read-only mapping of the {size}-byte dma-buf failed")
+      iova = self._map_new(p.handle, size)
+    except BaseException:
+      if cpu not in (0, 0xffffffffffffffff):
+        FileIOInterface.munmap(cpu, size)
+      _ioctl(self.fd, u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=p.handle))
+      raise
+    gem = GemBuffer(p.handle, size, iova, cpu, packed=_BO.pack(u.MSM_SUBMIT_BO_READ, p.handle, iova), bound=self.vm_bind, imported=key)
+    self.index.add(iova, size, gem)
+    self.imports[key] = gem
+    self.stats["import"] += 1
     return gem
 
   def _map_new(self, handle: int, size: int) -> int:
@@ -346,6 +382,8 @@ class MSMIface:
         self.va.free(gem.iova)   # the whole VM is gone with the file; nothing maps the range any more
       self.stats["vm_unmap"] += 1
     _ioctl(self.fd, u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=gem.handle))
+    if gem.imported is not None and self.imports.get(gem.imported) is gem:
+      del self.imports[gem.imported]
     gem.closed = True
     self.stats["close"] += 1
     return True

@@ -23,7 +23,7 @@ from tinygrad.runtime.autogen import libc
 from tinygrad.runtime.support.hcq import FileIOInterface
 
 from backend import uapi as u
-from backend.emu import pm4
+from backend.emu import dmabuf, pm4
 from backend.emu.executor import Dispatch, ExecState, Executor, Frame, GpuFault, PageFault, always_on_counter
 from backend.emu.iova import PAGE, IovaWindow
 from backend.emu.ir3.execute import Counts, run_dispatch
@@ -69,6 +69,7 @@ class GemObject:
   open: bool = True
   pins: int = 0              # pending jobs that list it
   maps: int = 0              # VM_BIND mapping pieces that map it (each holds a reference, like a drm_gpuvm_bo)
+  imported: tuple[int, int] | None = None   # (st_dev, st_ino) of the dma-buf it was imported from: the exporter's memory
 
 
 @dataclass(eq=False)
@@ -234,6 +235,7 @@ class RenderNode(FileIOInterface):
     # allocations start 3 GiB into a 4 GiB window so no pair of small integers in a constant buffer looks like a pointer
     self.window = IovaWindow(va_start, va_size, floor=(3 << 30) if va_size == 1 << 32 else 0)
     self._gems: dict[int, GemObject] = {}
+    self._imports: dict[tuple[int, int], GemObject] = {}   # drm_prime's per-file cache: one object per imported dma-buf
     self._by_offset: dict[int, GemObject] = {}
     self._by_iova: IntervalIndex[GemObject] = IntervalIndex()
     self._closed: IntervalIndex[int] = IntervalIndex()   # IOVA ranges of released BOs, for "freed BO" diagnostics
@@ -417,7 +419,10 @@ class RenderNode(FileIOInterface):
       libc.munmap(gem.host, _round_page(gem.size))
       os.close(gem.memfd)
       gem.host = 0
-      self.mem_used -= gem.size
+      if gem.imported is None:
+        self.mem_used -= gem.size
+      else:
+        self._imports.pop(gem.imported, None)
     if gem.iova:
       self._by_iova.remove(gem.iova)
       self.window.release(gem.iova, gem.size)
@@ -769,9 +774,29 @@ class RenderNode(FileIOInterface):
     a.fd = os.dup(self._lookup(a.handle).memfd)
 
   def _prime_to_handle(self, a: u.drm_prime_handle) -> None:
-    ino = os.fstat(a.fd).st_ino
+    """dma_buf_get first: a closed fd is EBADF, a file that is not a dma-buf (a plain memfd, a shm file) EINVAL. One of
+    our own exports gives its object back; a foreign dma-buf is imported once per file and its handle reused after."""
+    try:
+      st = os.fstat(a.fd)
+    except OSError:
+      raise _err(errno.EBADF, f"fd {a.fd} is not open") from None
     for gem in self._gems.values():
-      if os.fstat(gem.memfd).st_ino == ino:
+      if gem.imported is None and os.fstat(gem.memfd).st_ino == st.st_ino:
         a.handle = gem.handle
         return
-    raise _err(errno.EINVAL, "importing foreign dma-bufs is not emulated")
+    key = (st.st_dev, st.st_ino)
+    if (gem := self._imports.get(key)) is not None and gem.open:
+      a.handle = gem.handle
+      return
+    if not dmabuf.is_dmabuf(a.fd):
+      raise _err(errno.EINVAL, f"fd {a.fd} is not a dma-buf (dma_buf_get refuses any other file)")
+    size = _round_page(st.st_size)
+    fd = os.dup(a.fd)
+    host = libc.mmap(0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if host == _FAILED:
+      os.close(fd)
+      raise _err(errno.ENOMEM, "mapping the imported dma-buf")
+    gem = GemObject(next(self._handles), size, u.MSM_BO_WC, fd, self._next_offset, host, imported=key)
+    self._next_offset += size + PAGE
+    self._gems[gem.handle], self._by_offset[gem.mmap_offset], self._imports[key] = gem, gem, gem
+    a.handle = gem.handle
