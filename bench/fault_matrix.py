@@ -64,7 +64,7 @@ va_base = va_live()
 out = {"_mode": dev.iface.vm_mode}
 def run(name, inject, n=20, at=5, undo=None, undo_at=None):
   # undo (at step undo_at, default the step after the injection) ends a fault that lasts, e.g. memory that was taken
-  lost, err, t_fault, t_ok = 0, "", None, None
+  lost, err, t_fault, t_ok, last_err = 0, "", None, None, ""
   faults0, page0, rep0 = dev.iface._fault_count(), node.stats.page_faults, len(node.stats.reported)
   returned_wrong = 0
   for i in range(n):
@@ -84,8 +84,9 @@ def run(name, inject, n=20, at=5, undo=None, undo_at=None):
     except (MSMFault, MSMTimeout, MemoryError, OSError, RuntimeError) as e:
       why = f" <- {str(e.__cause__).splitlines()[0][:150]}" if isinstance(e, MemoryError) and e.__cause__ else ""
       lost += 1; err = err or f"{type(e).__name__}: {str(e).splitlines()[0][:110]}{why}"
+      last_err = f"{type(e).__name__}: {str(e.__cause__ or e).splitlines()[0][:110]}"
       t_fault = t_fault or t
-  out[name] = {"lost": lost, "err": err, "recovery_s": t_ok, "leaked": live() - base, "leaked_bytes": node.mem_used - mem_base,
+  out[name] = {"lost": lost, "err": err, "last_err": last_err, "after": n - at, "recovery_s": t_ok, "leaked": live() - base, "leaked_bytes": node.mem_used - mem_base,
                "returned_wrong": returned_wrong, "faults_delta": dev.iface._fault_count() - faults0,
                "page_faults": node.stats.page_faults - page0, "reported": len(node.stats.reported) - rep0,
                "leaked_va": va_live()[0] - va_base[0], "leaked_maps": va_live()[1] - va_base[1]}
@@ -157,6 +158,8 @@ def gpu_rows() -> None:
     cls = f"{cls} [{mode}]"
     if r["returned_wrong"]:
       did = f"step returned, output wrong ({r['err']}); no error anywhere"
+    elif r["lost"] >= r["after"] and r["recovery_s"] is None:
+      did = f"step raised {r['err']}; every later step failed too ({r['last_err']})"
     elif r["lost"]:
       did = f"step raised {r['err']}; next steps fine"
     elif r["page_faults"]:
