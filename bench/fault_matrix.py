@@ -86,7 +86,8 @@ def run(name, inject, n=20, at=5, undo=None, undo_at=None):
       lost += 1; err = err or f"{type(e).__name__}: {str(e).splitlines()[0][:110]}{why}"
       last_err = f"{type(e).__name__}: {str(e.__cause__ or e).splitlines()[0][:110]}"
       t_fault = t_fault or t
-  out[name] = {"lost": lost, "err": err, "last_err": last_err, "after": n - at, "recovery_s": t_ok, "leaked": live() - base, "leaked_bytes": node.mem_used - mem_base,
+  out[name] = {"lost": lost, "err": err, "last_err": last_err, "after": n - at, "recovery_s": t_ok, "leaked": live() - base,
+               "leaked_bytes": node.mem_used - mem_base,
                "returned_wrong": returned_wrong, "faults_delta": dev.iface._fault_count() - faults0,
                "page_faults": node.stats.page_faults - page0, "reported": len(node.stats.reported) - rep0,
                "leaked_va": va_live()[0] - va_base[0], "leaked_maps": va_live()[1] - va_base[1]}

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from test_emu_kernel_rules import deadline, wait_ge, write_ts
 from tinygrad.runtime.support.hcq import FileIOInterface
 
 from backend import uapi as u
 from backend.emu import RenderNode
-from tests.test_emu_kernel_rules import deadline, wait_ge, write_ts
 
 pytestmark = pytest.mark.device
 DOC = Path(__file__).resolve().parents[1] / "docs" / "msm-kernel-rules.md"

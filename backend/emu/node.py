@@ -785,8 +785,8 @@ class RenderNode(FileIOInterface):
         a.handle = gem.handle
         return
     key = (st.st_dev, st.st_ino)
-    if (gem := self._imports.get(key)) is not None and gem.open:
-      a.handle = gem.handle
+    if (known := self._imports.get(key)) is not None and known.open:
+      a.handle = known.handle
       return
     if not dmabuf.is_dmabuf(a.fd):
       raise _err(errno.EINVAL, f"fd {a.fd} is not a dma-buf (dma_buf_get refuses any other file)")
