@@ -43,6 +43,10 @@ FINI_DRAIN_MS = 2000
 FENCE_CYCLE = 1 << 31
 # EINTR/EAGAIN from GEM_SUBMIT come before anything was queued (interruptible locks): tries before it counts as refused
 SUBMIT_RETRIES = 100
+# submits given to the kernel at a time per queue; the rest wait in our FIFO (never dropped). Two: the next chunk is already
+# in the ring when one retires, so the GPU does not idle for a CPU wake-up per chunk, while a vsync waits behind at most two
+# chunks (bench/bench_inflight.py gives the table; docs/msm-kernel-rules.md the numbers)
+DEFAULT_INFLIGHT = 2
 VM_MODES = ("auto", "bind", "kernel")
 _said: set[str] = set()
 
@@ -135,7 +139,7 @@ class Settings:
     prio = env("MSM_PRIORITY", priorities - 1)   # lowest by default: a lower number is a higher priority
     if not 0 <= prio < priorities:
       raise RuntimeError(f"MSM_PRIORITY={prio} is out of range: this GPU has priorities 0..{priorities - 1}")
-    s = Settings(prio, env("MSM_CHUNK_KERNELS", 16), env("MSM_INFLIGHT", 1), env("MSM_WAIT_SLICE_MS", 10),
+    s = Settings(prio, env("MSM_CHUNK_KERNELS", 16), env("MSM_INFLIGHT", DEFAULT_INFLIGHT), env("MSM_WAIT_SLICE_MS", 10),
                  env("MSM_WAIT_TIMEOUT_MS", env("HCQDEV_WAIT_TIMEOUT_MS", 30000)))
     if s.chunk_kernels < 0 or s.inflight < 1:
       raise RuntimeError("MSM_CHUNK_KERNELS must be >= 0 (0: no chunking) and MSM_INFLIGHT >= 1")
@@ -229,7 +233,7 @@ class MSMIface:
   def _open(self):
     return find_render_node(before_params=self._choose_vm)
 
-  def _choose_vm(self, fd) -> None:
+  def _choose_vm(self, fd, say: bool = True) -> None:
     """Asks for VM_BIND (unless MODELD_MSM_VM=kernel) before anything makes the file's VM; auto falls back to the
     kernel-managed mode when the kernel refuses (EINVAL before 6.17 or without per-process page tables)."""
     if self.vm_asked == "kernel":
@@ -242,7 +246,7 @@ class MSMIface:
         raise RuntimeError(f"MODELD_MSM_VM=bind, but the kernel refused SET_PARAM(EN_VM_BIND): {e.strerror} "
                            f"(it needs msm 1.13 / Linux 6.17+ with per-process page tables); use MODELD_MSM_VM=auto") from e
       self.vm_bind, self.vm_reason = False, f"the kernel refused EN_VM_BIND: {e.strerror}"
-      if self.vm_reason not in _said:   # once per process and reason, not once per device opened
+      if say and self.vm_reason not in _said:   # once per process and reason, not once per device opened
         _said.add(self.vm_reason)
         print(f"msm: {self.vm_reason}; using kernel-managed GPU addresses", file=sys.stderr)
       return
@@ -418,6 +422,7 @@ class MSMIface:
       # the kernel passes the dword count to the CP unchecked and the CP keeps 20 bits of it: a larger IB would silently run short
       raise ValueError(f"a {job.size}-byte command range does not fit one IB (at most {u.MSM_IB_MAX_BYTES} bytes, 2**20-1 dwords): split it")
     self.pending.append(job)
+    self.stats["max_pending"] = max(self.stats["max_pending"], len(self.pending))
     self.pump()
 
   def pump(self) -> None:
@@ -641,7 +646,7 @@ class EMUIface(MSMIface):
     from backend.emu import RenderNode
     # level B (IR3 execution) is read from the environment per device, not through tinygrad's cached getenv
     node = RenderNode(strict=bool(getenv("EMU_STRICT", 1)), execute=os.environ.get("EMU_EXEC", "0") not in ("", "0"))
-    self._choose_vm(node)
+    self._choose_vm(node, say=False)   # the emulated node stands for an older kernel unless EMU_VM_BIND=1: doctor says which
     return node, node.path
 
   @property

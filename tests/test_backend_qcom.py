@@ -650,3 +650,22 @@ def test_a_buffer_the_gpu_writes_carries_its_write_fence():
   assert e.value.errno == errno.EBUSY
   dev.synchronize()
   it.node.ioctl(u.DRM_IOCTL_MSM_GEM_CPU_PREP, u.drm_msm_gem_cpu_prep(handle=hb, op=u.MSM_PREP_READ | u.MSM_PREP_NOSYNC))
+
+
+@emu_only
+def test_submits_past_the_in_flight_limit_wait_and_none_is_dropped(fresh):
+  """MSM_INFLIGHT bounds what one queue has in the kernel; the rest wait in the interface's FIFO and go in order as fences
+  retire. Slow GPU jobs make the FIFO fill; every job still reaches the kernel, once, in order."""
+  dev = fresh(MSM_INFLIGHT=2, MSM_CHUNK_KERNELS=1)
+  it, node = dev.iface, dev.iface.node
+  a = Tensor.ones(256, device=dev.device).contiguous().realize()
+  _warm(dev, a, lambda t: (t + 1) * 2 + 3)
+  before, fences_before = it.stats["submits"], len(node.submits)
+  node.delay_jobs(0.05, count=8)
+  outs = [((a + i) * 2 + 3).realize() for i in range(4)]
+  dev.synchronize()
+  sent = it.stats["submits"] - before
+  assert it.stats["max_inflight"] == 2 and it.stats["max_pending"] >= 1 and not it.pending and not it.inflight
+  fences = [r.fence for r in list(node.submits)[-sent:]]
+  assert sent >= 4 and fences == sorted(fences) and len(set(fences)) == sent and len(node.submits) - fences_before == sent
+  del outs
