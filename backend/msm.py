@@ -45,7 +45,7 @@ FENCE_CYCLE = 1 << 31
 SUBMIT_RETRIES = 100
 # submits given to the kernel at a time per queue; the rest wait in our FIFO (never dropped). Two: the next chunk is already
 # in the ring when one retires, so the GPU does not idle for a CPU wake-up per chunk, while a vsync waits behind at most two
-# chunks (bench/bench_inflight.py gives the table; docs/msm-kernel-rules.md the numbers)
+# chunks (bench/bench_inflight.py gives the table; docs/msm-vm-bind.md the numbers)
 DEFAULT_INFLIGHT = 2
 VM_MODES = ("auto", "bind", "kernel")
 _said: set[str] = set()
@@ -292,7 +292,10 @@ class MSMIface:
     kernel-mode tables, and a read-only CPU view of our own. ImportRefused when the kernel will not take the fd."""
     st = os.fstat(fd)
     key = (st.st_dev, st.st_ino)
-    if (gem := self.imports.get(key)) is not None and not gem.freed:
+    if (gem := self.imports.get(key)) is not None and not gem.closed:
+      if gem.freed:   # let go but still waiting on a fence: the kernel would hand back this same object, so take it back
+        gem.freed = False
+        self.zombies = [g for g in self.zombies if g is not gem]
       return gem
     try:
       _ioctl(self.fd, u.DRM_IOCTL_PRIME_FD_TO_HANDLE, p := u.drm_prime_handle(fd=fd))

@@ -110,3 +110,27 @@ def test_a_plain_memfd_is_refused_with_the_reason():
     assert not dev.iface.imports
   finally:
     os.close(plain)
+
+
+def test_a_frame_imported_again_while_its_last_job_runs_is_the_same_buffer():
+  """Freed while a job still reads it (kept until its fence), then imported again: the kernel would hand back the same
+  object, so the interface takes the waiting buffer back instead of mapping the object a second time."""
+  dev = fresh_device("kernel")
+  it = dev.iface
+  frame = dmabuf.export(1 << 14, "road")
+  try:
+    gem = it.import_dmabuf(frame)
+    from tinygrad.runtime.support.hcq import HCQBuffer
+    sig = dev.signal_t(base_buf=HCQBuffer(gem.iova, 8, meta=gem, owner=dev), virt=True)
+    it.fd.delay_jobs(0.3)
+    dev.hw_compute_queue_t().wait(sig, 0).signal(dev.timeline_signal, dev.next_timeline()).submit(dev)
+    it.free(gem)
+    assert gem.freed and not gem.closed
+    assert it.import_dmabuf(frame) is gem and not gem.freed and it.stats["import"] == 1
+    dev.synchronize()
+    assert not gem.closed
+    del sig
+    it.free(gem)
+    assert gem.closed and not it.imports
+  finally:
+    os.close(frame)
