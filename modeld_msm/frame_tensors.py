@@ -30,7 +30,10 @@ class FrameTensors:
     k = (key, buf.ctypes.data)
     src = buf[:self.nv12.size]
     if (t := self._tensors.get(k)) is None and not self.zero_copy and self.import_refused is None:
-      if (fd := visionipc.dmabuf_fd(buf)) is not None and (t := self._import(fd)) is not None:
+      if (fd := visionipc.dmabuf_fd(buf)) is None:
+        self.import_refused = "the camera buffer is not a dma-buf (VisionIPC handed out a memfd or shm file)"
+        log.warning("camera frames are copied into GPU memory: %s", self.import_refused)
+      elif (t := self._import(fd)) is not None:
         self._tensors[k] = t
         self.imported.add(k)
     if k in self.imported:

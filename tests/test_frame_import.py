@@ -70,3 +70,15 @@ def test_a_refused_import_falls_back_to_copies_and_says_why_once(caplog):
     visionipc._DMABUF_FDS.pop(data.ctypes.data, None)
     del data, t, m   # (numpy views of the mapping may outlive this test; the mapping goes with the last)
     os.close(fd)
+
+
+def test_a_buffer_that_is_no_dma_buf_is_copied_and_says_so_once(caplog):
+  dev = fresh_device("kernel")
+  ft = FrameTensors(dev.device, INFO)
+  frame = np.full(INFO.size, 3, np.uint8)   # not from VisionIPC at all (replay, a test): nothing to import
+  with caplog.at_level(logging.WARNING, logger="modeld"):
+    t = ft.get("road", frame, upload=True)
+    ft.get("road", frame, upload=True)
+  assert int(t[:2].numpy().sum()) == 6 and not dev.iface.imports
+  warn = [r.getMessage() for r in caplog.records if "copied into GPU memory" in r.getMessage()]
+  assert len(warn) == 1 and "not a dma-buf" in warn[0]
