@@ -395,3 +395,16 @@ def test_fence_fd_out_signals(c):
   p.register(a.fence_fd, select.POLLIN)
   assert p.poll(2000)
   os.close(a.fence_fd)
+
+
+@emu_only
+def test_closing_the_node_releases_bos_only_mappings_kept():
+  """Emulator bookkeeping (not a kernel rule): a BO whose handle was closed while mapped is freed with the file."""
+  cl = Client()
+  h = cl.new()
+  cl.map(h)
+  cl.call(u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=h))
+  gem_fd = next(iter(cl.n._by_offset.values())).memfd
+  cl.close()
+  with pytest.raises(OSError):
+    os.fstat(gem_fd)   # its memfd closed

@@ -274,8 +274,8 @@ class RenderNode(FileIOInterface):
   def close(self) -> None:
     if not hasattr(self, "_gems"):
       return   # __init__ refused its arguments before allocating anything (called again from __del__)
-    self.user_vm.clear()
-    for gem in list(self._gems.values()) + [g for j in self._ring for g in j.bos]:
+    mapped = self.user_vm.clear()   # BOs whose handle was closed live on only through their mappings: release those too
+    for gem in list(self._gems.values()) + [g for j in self._ring for g in j.bos] + mapped:
       gem.open, gem.pins, gem.maps = False, 0, 0
       self._release(gem)
     self._gems.clear()
