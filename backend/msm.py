@@ -451,7 +451,8 @@ class MSMIface:
         if e.errno == errno.EPIPE:
           raise MSMVmLost(f"msm GEM_SUBMIT on {self.path}: the VM_BIND VM is unusable after a GPU hang (EPIPE); "
                           f"the device must be reopened (restart the process)") from e
-        raise MSMFault(f"msm GEM_SUBMIT rejected a job with {job.nr_bos} BOs: {e}") from e
+        table = "no BO table (VM_BIND)" if self.vm_bind else f"{job.nr_bos} BOs"
+        raise MSMFault(f"msm GEM_SUBMIT rejected a job with {table}: {e}") from e
       job.fence = self.last_fence = self._submit.fence
       job.cmd.last_fence = job.fence
       for g in job.gems:
