@@ -19,7 +19,8 @@ class FrameTensors:
     self.zero_copy = device.split(":")[0] == "CPU"
     self._tensors: dict[tuple[str, int], Any] = {}   # tinygrad Tensors
     self.imported: set[tuple[str, int]] = set()       # keys whose tensor is the camera's own dma-buf (never copied into)
-    self.import_refused: str | None = None              # why frames are copied instead (logged once)
+    self.import_refused: str | None = None              # why the kernel would not import a camera dma-buf: no more tries
+    self._said: set[str] = set()
 
   def get(self, key: str, buf: np.ndarray, upload: bool = False):
     """The device tensor for a camera buffer. On CPU it aliases the buffer (zero-copy); on a GPU without host-pointer
@@ -29,11 +30,11 @@ class FrameTensors:
     # VisionIPC reuses a ring of buffers, so a tensor per (camera, buffer address) is made once and reused
     k = (key, buf.ctypes.data)
     src = buf[:self.nv12.size]
-    if (t := self._tensors.get(k)) is None and not self.zero_copy and self.import_refused is None:
+    if (t := self._tensors.get(k)) is None and not self.zero_copy:
       if (fd := visionipc.dmabuf_fd(buf)) is None:
-        self.import_refused = "the camera buffer is not a dma-buf (VisionIPC handed out a memfd or shm file)"
-        log.warning("camera frames are copied into GPU memory: %s", self.import_refused)
-      elif (t := self._import(fd)) is not None:
+        # (warm-up zeros, replay's arrays, a PC camera server's memfds): copied; other buffers may still be dma-bufs
+        self._say("the camera buffer is not a dma-buf (VisionIPC handed out a memfd or shm file, or it is not a camera buffer)")
+      elif self.import_refused is None and (t := self._import(fd)) is not None:
         self._tensors[k] = t
         self.imported.add(k)
     if k in self.imported:
@@ -46,6 +47,11 @@ class FrameTensors:
       assert isinstance(dst, Buffer)
       dst.copy_from(Buffer("PYTHON", dst.size, dst.dtype, opaque=memoryview(src.data).cast("B")))
     return t
+
+  def _say(self, why: str) -> None:
+    if why not in self._said:   # once per reason: a copy every frame must not log every frame
+      self._said.add(why)
+      log.warning("camera frames are copied into GPU memory: %s", why)
 
   def _import(self, fd: int):
     """A tensor whose device buffer is the camera's dma-buf itself (QCOM over msm: PRIME import, one GPU address per
@@ -63,7 +69,7 @@ class FrameTensors:
       gem = dev.iface.import_dmabuf(fd)
     except (ImportRefused, OSError, MemoryError) as e:
       self.import_refused = str(e)
-      log.warning("camera frames are copied into GPU memory: %s", e)
+      self._say(self.import_refused)
       return None
     t = Tensor.empty(self.nv12.size, dtype=dtypes.uint8, device=self.device)
     b = t.uop.buffer

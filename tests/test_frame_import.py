@@ -82,3 +82,14 @@ def test_a_buffer_that_is_no_dma_buf_is_copied_and_says_so_once(caplog):
   assert int(t[:2].numpy().sum()) == 6 and not dev.iface.imports
   warn = [r.getMessage() for r in caplog.records if "copied into GPU memory" in r.getMessage()]
   assert len(warn) == 1 and "not a dma-buf" in warn[0]
+  # such a buffer first (modeld's warm-up runs the warp on zeros) does not stop a camera dma-buf after it from being imported
+  fd = dmabuf.export(INFO.size + 8, "road1")
+  m, data = camera_buffer(fd)
+  visionipc.register_dmabuf(data, fd)
+  try:
+    t2 = ft.get("road", data, upload=True)
+    assert t2.uop.buffer._buf.meta.imported is not None and ft.import_refused is None
+  finally:
+    visionipc._DMABUF_FDS.pop(data.ctypes.data, None)
+    del data, t2, m
+    os.close(fd)
