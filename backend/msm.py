@@ -103,6 +103,7 @@ class GemBuffer:
   packed: bytes = b""   # its drm_msm_gem_submit_bo entry
   bound: bool = False   # VM_BIND mode: iova is our own range, mapped by a VM_BIND MAP (unmapped at close)
   imported: tuple[int, int] | None = None   # (st_dev, st_ino) of the dma-buf it came from; cpu is then our read-only view
+  refs: int = 0         # imports: holders (import_dmabuf calls not yet matched by a free)
 
 
 @dataclass(eq=False)
@@ -289,13 +290,15 @@ class MSMIface:
   def import_dmabuf(self, fd: int) -> GemBuffer:
     """A dma-buf (a camera frame) as a GemBuffer: imported once per buffer (VisionIPC reuses its ring, and the kernel hands
     the same object back for the same dma-buf anyway), given a GPU address like any allocation, listed read-only in
-    kernel-mode tables, and a read-only CPU view of our own. ImportRefused when the kernel will not take the fd."""
+    kernel-mode tables, and a read-only CPU view of our own. ImportRefused when the kernel will not take the fd.
+    Each call is a hold on the buffer, matched by one free()."""
     st = os.fstat(fd)
     key = (st.st_dev, st.st_ino)
     if (gem := self.imports.get(key)) is not None and not gem.closed:
       if gem.freed:   # let go but still waiting on a fence: the kernel would hand back this same object, so take it back
         gem.freed = False
         self.zombies = [g for g in self.zombies if g is not gem]
+      gem.refs += 1
       return gem
     try:
       _ioctl(self.fd, u.DRM_IOCTL_PRIME_FD_TO_HANDLE, p := u.drm_prime_handle(fd=fd))
@@ -312,7 +315,8 @@ class MSMIface:
         FileIOInterface.munmap(cpu, size)
       _ioctl(self.fd, u.DRM_IOCTL_GEM_CLOSE, u.drm_gem_close(handle=p.handle))
       raise
-    gem = GemBuffer(p.handle, size, iova, cpu, packed=_BO.pack(u.MSM_SUBMIT_BO_READ, p.handle, iova), bound=self.vm_bind, imported=key)
+    gem = GemBuffer(p.handle, size, iova, cpu, packed=_BO.pack(u.MSM_SUBMIT_BO_READ, p.handle, iova), bound=self.vm_bind, imported=key,
+                    refs=1)
     self.index.add(iova, size, gem)
     self.imports[key] = gem
     self.stats["import"] += 1
@@ -361,6 +365,10 @@ class MSMIface:
     """Retire, then free: closes now if nothing can touch it any more, else when its last fence retires or its last graph dies."""
     if gem.freed:
       return
+    if gem.imported is not None:
+      gem.refs -= 1
+      if gem.refs > 0:   # another holder (a second tensor over the same camera buffer) still uses it
+        return
     gem.freed = True
     if not self.is_retired(gem.last_fence):
       self.poll_fence(gem.last_fence)

@@ -94,6 +94,8 @@ def test_imported_frame_is_read_by_the_gpu_and_freed_without_leaks(mode):
       assert job.bo_flags[job.handles.index(gem.handle)] == u.MSM_SUBMIT_BO_READ   # listed read-only
     del sig
     it.free(gem)
+    assert not gem.freed   # two holds (two imports of the same buffer), one let go
+    it.free(gem)
     assert gem.closed and not it.imports
     assert (it.fd.live_handles, len(it.va.live) if it.va else 0, len(it.fd.user_vm)) == base
   finally:
