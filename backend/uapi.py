@@ -70,6 +70,15 @@ class drm_msm_gem_submit_reloc(Struct):
 class drm_msm_gem_submit_cmd(Struct):
   _fields_ = [("type", u32), ("submit_idx", u32), ("submit_offset", u32), ("size", u32), ("pad", u32), ("nr_relocs", u32), ("relocs", u64)]
 
+  # the header's union { relocs; iova; }: a VM_BIND context names the command range by GPU address in the same 8 bytes
+  @property
+  def iova(self) -> int:
+    return int(self.relocs)
+
+  @iova.setter
+  def iova(self, value: int) -> None:
+    self.relocs = value
+
 
 class drm_msm_gem_submit_bo(Struct):
   _fields_ = [("flags", u32), ("handle", u32), ("presumed", u64)]
@@ -177,6 +186,14 @@ MSM_WAIT_FENCE_FLAGS = MSM_WAIT_FENCE_BOOST
 
 # SUBMITQUEUE
 MSM_SUBMITQUEUE_ALLOW_PREEMPT, MSM_SUBMITQUEUE_VM_BIND = 0x1, 0x2
+MSM_SUBMITQUEUE_FLAGS = MSM_SUBMITQUEUE_ALLOW_PREEMPT | MSM_SUBMITQUEUE_VM_BIND
+
+# VM_BIND (msm 1.13, kernel 6.17+)
+MSM_VM_BIND_OP_UNMAP, MSM_VM_BIND_OP_MAP, MSM_VM_BIND_OP_MAP_NULL = 0, 1, 2
+MSM_VM_BIND_OP_DUMP = 0x1
+MSM_VM_BIND_OP_FLAGS = MSM_VM_BIND_OP_DUMP
+MSM_VM_BIND_FENCE_FD_IN, MSM_VM_BIND_FENCE_FD_OUT = 0x1, 0x2
+MSM_VM_BIND_FLAGS = MSM_VM_BIND_FENCE_FD_IN | MSM_VM_BIND_FENCE_FD_OUT
 MSM_SUBMITQUEUE_PARAM_FAULTS = 0
 
 ADRENO_630_CHIP_ID = 0x06030001

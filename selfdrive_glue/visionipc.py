@@ -75,6 +75,20 @@ def endpoint_name(name: str, stream: int) -> str:
   return f"visionipc_{name}_{int(stream)}"
 
 
+# dma-buf fds of client buffers by the address of their data: what a GPU process imports (PRIME) instead of copying frames
+_DMABUF_FDS: dict[int, int] = {}
+
+
+def dmabuf_fd(data: np.ndarray) -> int | None:
+  """The dma-buf fd behind a client buffer's frame data (its first byte), or None (a memfd/shm buffer, or not ours)."""
+  return _DMABUF_FDS.get(data.ctypes.data)
+
+
+def register_dmabuf(data: np.ndarray, fd: int) -> None:
+  """Marks `data` (a buffer's frame, from its first byte) as backed by dma-buf `fd` at offset 0."""
+  _DMABUF_FDS[data.ctypes.data] = fd
+
+
 class VisionBuf:
   """One shared frame buffer. `data` is a zero-copy uint8 view of its `len` bytes (NV12: Y rows, then UV at uv_offset)."""
 
@@ -126,6 +140,8 @@ class VisionBuf:
 
   def release(self) -> None:
     """Drop our references; the mapping goes when the last numpy view handed out does."""
+    if self.data is not None:
+      _DMABUF_FDS.pop(self.data.ctypes.data, None)
     if self.sync_fd >= 0:
       try:
         self.end_read()
@@ -374,7 +390,8 @@ class VisionIpcClient:
         _check_descriptor(fd, ln, mmap_len, w, h, stride, uv_off)
         bufs.append(VisionBuf(fd, ln, w, h, stride, uv_off, idx, tp, sid, mmap_len))
         if _is_dmabuf(fd):
-          bufs[-1].sync_fd = fd   # cached device memory: keep the fd for the syncs around each read
+          bufs[-1].sync_fd = fd   # cached device memory: keep the fd for the syncs around each read (and a GPU import)
+          register_dmabuf(bufs[-1].data, fd)
         else:
           os.close(fd)            # the mapping keeps the memory
         fds[i] = -1

@@ -11,6 +11,7 @@ recovery time, leaks.
   (compile's write_artifact, over an existing one) in a child with RLIMIT_FSIZE (no small tmpfs on this box).
 
   .venv/bin/python testing/fault_matrix.py [--only gpu|process|local]
+  EMU_VM_BIND=1 MODELD_MSM_VM=bind .venv/bin/python testing/fault_matrix.py --only gpu   # the GPU rows in VM_BIND mode
 """
 from __future__ import annotations
 
@@ -56,11 +57,14 @@ def live():
   gc.collect(); dev.synchronize(); dev.allocator.free_cache(); return node.live_handles
 for i in range(5): step(i)
 Tensor.ones(1 << 18, device="QCOM").contiguous().realize()   # the ENOMEM row's kernel compiled (its program BO) into the baseline
+def va_live():   # VM_BIND mode: our VA ranges and the node's mappings (0 and 0 in the kernel-managed mode)
+  return (len(dev.iface.va.live) if dev.iface.va else 0), len(node.user_vm)
 base, mem_base = live(), node.mem_used
-out = {}
+va_base = va_live()
+out = {"_mode": dev.iface.vm_mode}
 def run(name, inject, n=20, at=5, undo=None, undo_at=None):
   # undo (at step undo_at, default the step after the injection) ends a fault that lasts, e.g. memory that was taken
-  lost, err, t_fault, t_ok = 0, "", None, None
+  lost, err, t_fault, t_ok, last_err = 0, "", None, None, ""
   faults0, page0, rep0 = dev.iface._fault_count(), node.stats.page_faults, len(node.stats.reported)
   returned_wrong = 0
   for i in range(n):
@@ -80,10 +84,13 @@ def run(name, inject, n=20, at=5, undo=None, undo_at=None):
     except (MSMFault, MSMTimeout, MemoryError, OSError, RuntimeError) as e:
       why = f" <- {str(e.__cause__).splitlines()[0][:150]}" if isinstance(e, MemoryError) and e.__cause__ else ""
       lost += 1; err = err or f"{type(e).__name__}: {str(e).splitlines()[0][:110]}{why}"
+      last_err = f"{type(e).__name__}: {str(e.__cause__ or e).splitlines()[0][:110]}"
       t_fault = t_fault or t
-  out[name] = {"lost": lost, "err": err, "recovery_s": t_ok, "leaked": live() - base, "leaked_bytes": node.mem_used - mem_base,
+  out[name] = {"lost": lost, "err": err, "last_err": last_err, "after": n - at, "recovery_s": t_ok, "leaked": live() - base,
+               "leaked_bytes": node.mem_used - mem_base,
                "returned_wrong": returned_wrong, "faults_delta": dev.iface._fault_count() - faults0,
-               "page_faults": node.stats.page_faults - page0, "reported": len(node.stats.reported) - rep0}
+               "page_faults": node.stats.page_faults - page0, "reported": len(node.stats.reported) - rep0,
+               "leaked_va": va_live()[0] - va_base[0], "leaked_maps": va_live()[1] - va_base[1]}
 
 def bend(d):
   # the first buffer pointer of tinygrad's IR3 kernels (c0.x) moved 1 MiB past its buffer: an SMMU fault, no hang
@@ -108,14 +115,15 @@ run("eagain_submit", lambda: node.inject("GEM_SUBMIT", errno.EAGAIN, count=3))
 run("eintr_wait", lambda: node.inject("WAIT_FENCE", errno.EINTR, count=3))
 run("eagain_wait", lambda: node.inject("WAIT_FENCE", errno.EAGAIN, count=3))
 run("hang_eio", lambda: node.inject("GEM_SUBMIT", errno.EIO))
-run("gpu_fault", lambda: node.inject_gpu_fault("injected hang (recovered, queue fault count +1)"))
 # the step's buffers fresh from GEM_NEW (cache flushed): a dispatch abandoned at the fault leaves zeros, not last step's answer
 run("page_fault", lambda: (live(), set_tamper(bend)), undo=lambda: set_tamper(None))
-run("page_fault_strict", lambda: (set_policy("strict"), set_tamper(bend)), undo=lambda: (set_tamper(None), set_policy("kernel")))
 run("enomem_budget", take_memory, undo=free_memory, undo_at=8)
 node.mem_limit = None
 run("fence_timeout", lambda: node.inject("WAIT_FENCE", errno.ETIMEDOUT, count=60))
 run("fence_timeout_slow", lambda: node.delay_jobs(0.5))   # longer than MSM_WAIT_TIMEOUT_MS (200 ms here)
+# the rows a hang ends go last: with VM_BIND the kernel poisons the file's VM at a hang, and every later submit is EPIPE
+run("page_fault_strict", lambda: (set_policy("strict"), set_tamper(bend)), undo=lambda: (set_tamper(None), set_policy("kernel")))
+run("gpu_fault", lambda: node.inject_gpu_fault("injected hang (recovered, queue fault count +1)"))
 print("JSON" + json.dumps(out))
 """
 
@@ -144,10 +152,15 @@ def gpu_rows() -> None:
   if line is None:
     row("GPU side", "-", f"child failed ({p.returncode}): {p.stderr[-300:]}", "?", "-", "?")
     return
-  for k, r in json.loads(line[4:]).items():
+  res = json.loads(line[4:])
+  mode = res.pop("_mode")
+  for k, r in res.items():
     cls, inj = GPU_ROWS[k]
+    cls = f"{cls} [{mode}]"
     if r["returned_wrong"]:
       did = f"step returned, output wrong ({r['err']}); no error anywhere"
+    elif r["lost"] >= r["after"] and r["recovery_s"] is None:
+      did = f"step raised {r['err']}; every later step failed too ({r['last_err']})"
     elif r["lost"]:
       did = f"step raised {r['err']}; next steps fine"
     elif r["page_faults"]:
@@ -158,7 +171,8 @@ def gpu_rows() -> None:
     if r["page_faults"] and not r["reported"]:
       did += f", {r['page_faults']} page fault(s) only in the node's log (dmesg)"
     rec = r["recovery_s"] if r["recovery_s"] is not None else "-"
-    row(cls, inj, did, r["lost"], rec, f"{r['leaked']} GEM handles, {r['leaked_bytes']} BO bytes")
+    row(cls, inj, did, r["lost"], rec, f"{r['leaked']} GEM handles, {r['leaked_bytes']} BO bytes, {r['leaked_va']} VA ranges, "
+                                       f"{r['leaked_maps']} mappings")
 
 
 # ---- process side -----------------------------------------------------------------------------------------------------

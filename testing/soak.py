@@ -165,7 +165,7 @@ def modeld_child(argv: list[str], stats_file: str) -> int:
         ring = list(n._ring)   # one C-level copy under the GIL: modeld's thread may be retiring jobs meanwhile
         d.update({"gem_handles": n.live_handles, "bo_mem_kb": n.mem_used // 1024, "jobs_in_flight": len(ring),
                   "bos_in_flight": sum(len(j.bos) for j in ring), "faults_counted": len(n.stats.reported),
-                  "page_faults": n.stats.page_faults})
+                  "page_faults": n.stats.page_faults, "vm_mappings": len(n.user_vm)})
       write_atomic(stats_file, json.dumps(d))
   threading.Thread(target=report, daemon=True).start()
   from modeld_msm import modeld
@@ -258,7 +258,7 @@ def run(config: str, frames: int, artifact: Path | None, sample_s: float, out: P
 
 METRICS = [("rss_kb", "RSS KB"), ("private_kb", "private KB"), ("anon_kb", "anon KB"), ("fds", "open fds"), ("threads", "threads"),
            ("shm_prefix", "/dev/shm msgq (run)"), ("shm_all", "/dev/shm entries"), ("gem_fds", "GEM memfds"),
-           ("gem_handles", "GEM handles"), ("bo_mem_kb", "BO memory KB"), ("bos_in_flight", "BOs in flight"),
+           ("gem_handles", "GEM handles"), ("bo_mem_kb", "BO memory KB"), ("vm_mappings", "VM_BIND mappings"), ("bos_in_flight", "BOs in flight"),
            ("jobs_in_flight", "jobs in flight"), ("faults_counted", "GPU faults counted"), ("page_faults", "page faults logged"),
            ("malloc_used_kb", "malloc in use KB"), ("malloc_free_kb", "malloc free KB"), ("malloc_heap_kb", "malloc heap KB"),
            ("py_blocks", "Python blocks")]

@@ -24,6 +24,26 @@ def test_doctor_emu_reports_node_and_round_trip():
   assert "level A" in out and "IR3 execution" not in out
 
 
+def test_doctor_reports_the_address_mode_and_a_map_round_trip():
+  """MODELD_MSM_VM on a node with VM_BIND (EMU_VM_BIND=1) and on one without: the mode chosen, why, and a buffer mapped,
+  written by a job and unmapped again with no VA range left behind."""
+  def line(out: str, key: str) -> str:
+    return next(ln for ln in out.splitlines() if key in ln)
+  for env, want in ((dict(EMU_VM_BIND="1"), "VM_BIND: our own addresses"), (dict(EMU_VM_BIND="1", MODELD_MSM_VM="kernel"), "kernel-managed"),
+                    (dict(EMU_VM_BIND="0"), "kernel-managed")):
+    r = doctor("--emu", "--rounds", "1", **env)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert want in line(r.stdout, "GPU addresses"), r.stdout
+    trip = line(r.stdout, "map/submit/unmap")
+    assert trip.startswith("[ok") and "the job wrote 42" in trip, trip
+    if "VM_BIND" in want:
+      assert "UNMAP after its fence" in trip and "(as before)" in trip, trip
+  r = doctor("--emu", EMU_VM_BIND="0", MODELD_MSM_VM="bind")
+  assert r.returncode == 1 and "MODELD_MSM_VM=bind, but the kernel refused SET_PARAM(EN_VM_BIND)" in r.stdout
+  r = doctor("--emu", MODELD_MSM_VM="sometimes")
+  assert r.returncode == 1 and "MODELD_MSM_VM='sometimes' is not one of auto, bind, kernel" in r.stdout
+
+
 def test_doctor_emu_level_b_executes_a_kernel():
   r = doctor("--emu", "--rounds", "1", EMU_EXEC="1")
   assert r.returncode == 0, r.stdout + r.stderr[-2000:]

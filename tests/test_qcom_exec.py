@@ -113,6 +113,45 @@ def test_native_runs_give_the_closures_bits_on_the_cars_program(qcom_artifact, m
     assert all(np.asarray(p_c[k]).tobytes() == np.asarray(p_n[k]).tobytes() for k in p_c)
 
 
+def test_frames_imported_as_dmabufs_give_the_copied_frames_bits(qcom_artifact, monkeypatch):
+  """The warp reading the camera's own dma-buf pages (imported, no copy) computes what it computes from a copy of the same
+  frames, bit for bit, on the executing a630; and the frames were imported, once per buffer."""
+  import mmap
+  import os
+
+  from backend.emu import dmabuf
+  from selfdrive_glue import visionipc
+  frames = _frames(3)
+  fds, maps, views = [], [], []
+  for f in frames:
+    fds.append(fd := dmabuf.export(INFO.size + 8, "road"))
+    maps.append(m := mmap.mmap(fd, INFO.size + 8))
+    views.append(v := np.frombuffer(m, dtype=np.uint8, count=INFO.size))
+    v[:] = f
+    visionipc.register_dmabuf(v, fd)
+  try:
+    with executing() as node:
+      it = _emu_iface()
+      imports = it.stats["import"]
+      shared = _steps(qcom_artifact, monkeypatch, "EMU+QCOM:IR3", views)
+      assert it.stats["import"] - imports == 3 and node is it.node
+      copied = _steps(qcom_artifact, monkeypatch, "EMU+QCOM:IR3", [f.copy() for f in frames])
+    for (p_s, r_s), (p_c, r_c) in zip(shared, copied):
+      assert r_s.tobytes() == r_c.tobytes()
+      assert all(np.asarray(p_s[k]).tobytes() == np.asarray(p_c[k]).tobytes() for k in p_s)
+  finally:
+    for v in views:
+      visionipc._DMABUF_FDS.pop(v.ctypes.data, None)
+    del views, maps
+    for fd in fds:
+      os.close(fd)
+
+
+def _emu_iface():
+  from test_ir3 import _emu
+  return _emu().iface
+
+
 def _flip_first_mad_source(kernel_has: str = "mad.f32"):
   """A tamper hook: in the first kernel that has a `mad.f32` with a register source, that source reads the next component."""
   from backend.emu.ir3.decode import decode

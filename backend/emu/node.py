@@ -23,10 +23,11 @@ from tinygrad.runtime.autogen import libc
 from tinygrad.runtime.support.hcq import FileIOInterface
 
 from backend import uapi as u
-from backend.emu import pm4
+from backend.emu import dmabuf, pm4
 from backend.emu.executor import Dispatch, ExecState, Executor, Frame, GpuFault, PageFault, always_on_counter
 from backend.emu.iova import PAGE, IovaWindow
 from backend.emu.ir3.execute import Counts, run_dispatch
+from backend.emu.vm import UserVM
 from backend.intervals import IntervalIndex
 
 _FAILED = 0xffffffffffffffff
@@ -67,6 +68,8 @@ class GemObject:
   iova: int = 0
   open: bool = True
   pins: int = 0              # pending jobs that list it
+  maps: int = 0              # VM_BIND mapping pieces that map it (each holds a reference, like a drm_gpuvm_bo)
+  imported: tuple[int, int] | None = None   # (st_dev, st_ino) of the dma-buf it was imported from: the exporter's memory
 
 
 @dataclass(eq=False)
@@ -127,6 +130,8 @@ class _JobMemory:
     self.node, self.job = node, job
 
   def _find(self, iova: int, size: int, what: str) -> tuple[GemObject, int]:
+    if self.node.vm_bind:
+      return self._find_bound(iova, size, what)
     hit = self.node._by_iova.find(iova)
     if hit is None:
       old = self.node._closed.find(iova)
@@ -138,10 +143,27 @@ class _JobMemory:
       raise PageFault(f"strict: {what} at {iova:#x} lies in BO handle {gem.handle}, which is not listed in this submit")
     return gem, iova - start
 
+  def _find_bound(self, iova: int, size: int, what: str) -> tuple[GemObject, int]:
+    """VM_BIND: the job sees every page the VM maps (the kernel validates the whole VM at submit, not a BO table), and
+    nothing else; the offset returned is into the BO, through the mapping's obj_offset."""
+    hit = self.node.user_vm.find(iova)
+    if hit is None:
+      raise PageFault(f"{what} at {iova:#x} hits no VM_BIND mapping (SMMU translation fault)")
+    start, n, m = hit
+    if iova + size > start + n:
+      raise PageFault(f"{what} at {iova:#x}+{size:#x} runs past the end of the mapping at {start:#x}+{n:#x}")
+    return m.gem, m.obj_offset + (iova - start)
+
   def check(self, iova: int, size: int, what: str) -> None:
     self._find(iova, size, what)
 
   def region(self, iova: int, what: str) -> tuple[int, int, int]:
+    if self.node.vm_bind:
+      hit = self.node.user_vm.find(iova)
+      if hit is None:
+        raise PageFault(f"{what} at {iova:#x} hits no VM_BIND mapping (SMMU translation fault)")
+      start, n, m = hit
+      return start, n, m.gem.host + m.obj_offset
     gem, off = self._find(iova, 1, what)
     return iova - off, gem.size, gem.host
 
@@ -150,7 +172,10 @@ class _JobMemory:
     return memoryview((ctypes.c_ubyte * size).from_address(gem.host + off)).cast("B")
 
   def pointers(self, data: bytes, what: str) -> None:
-    """Strict: a qword in the constants that points into a live BO must name a listed one; one into a freed BO is a fault."""
+    """Strict: a qword in the constants that points into a live BO must name a listed one; one into a freed BO is a fault.
+    VM_BIND has no BO table to be listed in, and an unmapped address faults when it is used, so nothing to scan for."""
+    if self.node.vm_bind:
+      return
     for (v,) in struct.iter_unpack("<Q", data[:len(data) & ~7]):
       if not (self.node.window.start <= v < self.node.window.start + self.node.window.size):
         continue
@@ -169,7 +194,8 @@ class RenderNode(FileIOInterface):
 
   def __init__(self, strict: bool = True, va_start: int = 0x1_0000_0000, va_size: int = 1 << 32, version: tuple[int, int, int] = (1, 12, 0),
                chip_id: int = u.ADRENO_630_CHIP_ID, priorities: int = 3, history: int = 256, execute: bool = False, first_fence: int = 1,
-               per_process_pgtables: bool = True, fault_policy: str | None = None, mem_limit: int | None = None):
+               per_process_pgtables: bool = True, fault_policy: str | None = None, mem_limit: int | None = None,
+               vm_bind_supported: bool | None = None):
     """first_fence: the id each queue's fence allocator hands out first (tests start it near the wrap). per_process_pgtables=False
     is a kernel/IOMMU without them: VA_START/VA_SIZE are EINVAL and SET_IOVA is EOPNOTSUPP.
     fault_policy "kernel" (default) does what msm does: a page fault that does not hang the GPU is logged (stats.faults) and
@@ -177,7 +203,9 @@ class RenderNode(FileIOInterface):
     (default from env EMU_STRICT_FAULTS=1). Injected faults, faults on the CP's own fetches (commands, IBs, wait addresses) and
     faults the emulator cannot run past (bad packets, unimplemented instructions) are hangs either way.
     mem_limit: bytes of BO memory this node may hold (default from env EMU_MEM_LIMIT_MB; None: no limit); GEM_NEW past it is
-    ENOMEM, as the kernel's shmem accounting refuses a BO when memory is short. Settable at run time (`mem_limit`)."""
+    ENOMEM, as the kernel's shmem accounting refuses a BO when memory is short. Settable at run time (`mem_limit`).
+    vm_bind_supported: the node is a 6.17+ kernel (msm 1.13) that accepts SET_PARAM(EN_VM_BIND) before the file's VM exists
+    (default from env EMU_VM_BIND=1; otherwise an older kernel that refuses the param, as 6.16 and before do)."""
     fault_policy = fault_policy or ("strict" if os.environ.get("EMU_STRICT_FAULTS", "0") not in ("", "0") else "kernel")
     if fault_policy not in ("kernel", "strict"):
       raise ValueError(f"fault_policy must be 'kernel' or 'strict', not {fault_policy!r}")
@@ -194,10 +222,20 @@ class RenderNode(FileIOInterface):
     self._job_delays: collections.deque[float] = collections.deque()   # delay_jobs(): seconds for each next submitted job
     self.path, self.strict, self.version, self.chip_id, self.priorities = "emu:/dev/dri/renderD128", strict, version, chip_id, priorities
     self.first_fence, self.per_process_pgtables = first_fence, per_process_pgtables
+    if vm_bind_supported is None:
+      vm_bind_supported = os.environ.get("EMU_VM_BIND", "0") not in ("", "0")
+    self.vm_bind_supported = vm_bind_supported
+    if vm_bind_supported and version < (1, 13, 0):
+      self.version = (1, 13, 0)   # VM_BIND came with msm 1.13
+    # the file's VM: made lazily by the first ioctl that needs it (any GET_PARAM among them); EN_VM_BIND only before that
+    self.vm_created = self.vm_bind = self.vm_unusable = False
+    self.user_vm = UserVM()
+    self.has_prr = False   # a630's SMMU has no PRR, so MAP_NULL is refused
     self._ring_ctx = False   # whether the ring last ran this file's context (decides whether CTX_RESTORE_BUF commands run)
     # allocations start 3 GiB into a 4 GiB window so no pair of small integers in a constant buffer looks like a pointer
     self.window = IovaWindow(va_start, va_size, floor=(3 << 30) if va_size == 1 << 32 else 0)
     self._gems: dict[int, GemObject] = {}
+    self._imports: dict[tuple[int, int], GemObject] = {}   # drm_prime's per-file cache: one object per imported dma-buf
     self._by_offset: dict[int, GemObject] = {}
     self._by_iova: IntervalIndex[GemObject] = IntervalIndex()
     self._closed: IntervalIndex[int] = IntervalIndex()   # IOVA ranges of released BOs, for "freed BO" diagnostics
@@ -227,7 +265,8 @@ class RenderNode(FileIOInterface):
                       u.DRM_IOCTL_MSM_GEM_CPU_FINI: lambda a: None, u.DRM_IOCTL_MSM_SUBMITQUEUE_NEW: self._queue_new,
                       u.DRM_IOCTL_MSM_SUBMITQUEUE_CLOSE: self._queue_close, u.DRM_IOCTL_MSM_SUBMITQUEUE_QUERY: self._queue_query,
                       u.DRM_IOCTL_MSM_GEM_MADVISE: self._madvise, u.DRM_IOCTL_PRIME_HANDLE_TO_FD: self._prime_to_fd,
-                      u.DRM_IOCTL_PRIME_FD_TO_HANDLE: self._prime_to_handle}
+                      u.DRM_IOCTL_PRIME_FD_TO_HANDLE: self._prime_to_handle, u.DRM_IOCTL_MSM_SET_PARAM: self._set_param,
+                      u.DRM_IOCTL_MSM_VM_BIND: self._vm_bind}
 
   def __del__(self):
     self.close()
@@ -235,8 +274,9 @@ class RenderNode(FileIOInterface):
   def close(self) -> None:
     if not hasattr(self, "_gems"):
       return   # __init__ refused its arguments before allocating anything (called again from __del__)
-    for gem in list(self._gems.values()) + [g for j in self._ring for g in j.bos]:
-      gem.open, gem.pins = False, 0
+    mapped = self.user_vm.clear()   # BOs whose handle was closed live on only through their mappings: release those too
+    for gem in list(self._gems.values()) + [g for j in self._ring for g in j.bos] + mapped:
+      gem.open, gem.pins, gem.maps = False, 0, 0
       self._release(gem)
     self._gems.clear()
     self._ring.clear()
@@ -353,6 +393,8 @@ class RenderNode(FileIOInterface):
           fault = str(e)
       if fault is not None:
         job.queue.faults += 1
+        if self.vm_bind:
+          self.vm_unusable = True   # recover_worker poisons a userspace-managed VM: every later SUBMIT/VM_BIND is EPIPE
         self.stats.faults.append(f"queue {job.queue.id} fence {job.fence}: {fault}")
         self.stats.reported.append(self.stats.faults[-1])
       self._ring.popleft()
@@ -360,7 +402,7 @@ class RenderNode(FileIOInterface):
       job.queue.live.discard(job.fence)
       for gem in job.bos:
         gem.pins -= 1
-        if not gem.open and gem.pins == 0:
+        if not gem.open and gem.pins == 0 and gem.maps == 0:
           self._release(gem)
 
   def _log_page_fault(self, job: Job, e: GpuFault) -> None:
@@ -377,7 +419,10 @@ class RenderNode(FileIOInterface):
       libc.munmap(gem.host, _round_page(gem.size))
       os.close(gem.memfd)
       gem.host = 0
-      self.mem_used -= gem.size
+      if gem.imported is None:
+        self.mem_used -= gem.size
+      else:
+        self._imports.pop(gem.imported, None)
     if gem.iova:
       self._by_iova.remove(gem.iova)
       self.window.release(gem.iova, gem.size)
@@ -419,6 +464,7 @@ class RenderNode(FileIOInterface):
   def _get_param(self, a: u.drm_msm_param) -> None:
     if a.pipe != u.MSM_PIPE_3D0 or a.pad:
       raise _err(errno.EINVAL, f"pipe {a.pipe:#x} pad {a.pad:#x}")
+    self.vm_created = True   # adreno_get_param looks the context's VM up (making it) before it reads the param
     if a.len:
       raise _err(errno.EINVAL, f"len {a.len} on a value param")   # only the write-only string params (COMM, CMDLINE) take a length
     if a.param in (u.MSM_PARAM_VA_START, u.MSM_PARAM_VA_SIZE) and not self.per_process_pgtables:
@@ -462,6 +508,10 @@ class RenderNode(FileIOInterface):
     if a.len and a.info not in _INFO_WITH_LEN:
       raise _err(errno.EINVAL, f"GEM_INFO {a.info} takes no len (got {a.len})")
     gem = self._lookup(a.handle, errno.ENOENT)
+    if a.info in (u.MSM_INFO_GET_IOVA, u.MSM_INFO_SET_IOVA):
+      self.vm_created = True
+      if self.vm_bind:
+        raise _err(errno.EINVAL, "VM_BIND is enabled: userspace owns the GPU addresses")
     if a.info == u.MSM_INFO_GET_OFFSET:
       a.value = gem.mmap_offset
     elif a.info == u.MSM_INFO_GET_IOVA:
@@ -493,8 +543,8 @@ class RenderNode(FileIOInterface):
     gem = self._lookup(a.handle)
     del self._gems[a.handle]
     gem.open = False
-    if gem.pins == 0:
-      self._release(gem)   # otherwise the pending submits keep the backing until they retire
+    if gem.pins == 0 and gem.maps == 0:
+      self._release(gem)   # otherwise the pending submits (or VM_BIND mappings) keep the backing until they let go
 
   def _submit(self, a: u.drm_msm_gem_submit) -> None:
     # checks in the kernel's order, so a submit with two faults gets the errno the kernel would give first
@@ -506,8 +556,13 @@ class RenderNode(FileIOInterface):
       raise _err(errno.EINVAL, "SUDO needs CAP_SYS_RAWIO (and CONFIG_DRM_MSM_GPU_SUDO)")
     if a.flags & _UNEMULATED_SUBMIT_FLAGS:
       raise _err(errno.EINVAL, "fence fds, syncobjs and userspace seqnos are not emulated")
+    self.vm_created = True
+    if self.vm_unusable:
+      raise _err(errno.EPIPE, "context is unusable (a GPU hang poisoned its VM_BIND VM)")
     if (q := self._queues.get(a.queueid)) is None:
       raise _err(errno.ENOENT, f"submitqueue {a.queueid}")
+    if q.flags & u.MSM_SUBMITQUEUE_VM_BIND:
+      raise _err(errno.EINVAL, f"submitqueue {q.id} is a VM_BIND queue: invalid queue type for GEM_SUBMIT")
     bos = (u.drm_msm_gem_submit_bo * a.nr_bos).from_address(a.bos) if a.nr_bos else []
     cmds = (u.drm_msm_gem_submit_cmd * a.nr_cmds).from_address(a.cmds) if a.nr_cmds else []
     gems: list[GemObject] = []
@@ -520,6 +575,10 @@ class RenderNode(FileIOInterface):
         raise _err(errno.EINVAL, f"cmds[{i}] type {c.type}")
       if c.size % 4:
         raise _err(errno.EINVAL, f"cmds[{i}] size {c.size:#x} is not whole dwords")
+      if self.vm_bind and c.nr_relocs:
+        raise _err(errno.EINVAL, f"cmds[{i}]: nr_relocs must be zero with VM_BIND")
+      if self.vm_bind and (c.submit_idx or c.submit_offset):
+        raise _err(errno.EINVAL, f"cmds[{i}]: submit_idx/offset must be zero with VM_BIND (the command is named by cmd.iova)")
     seen: set[int] = set()
     for i, bo in enumerate(bos):   # the kernel meets a duplicate when it locks the objects, in the ww-mutex code
       if bo.handle in seen:
@@ -527,6 +586,11 @@ class RenderNode(FileIOInterface):
       seen.add(bo.handle)
     frames = []
     for i, c in enumerate(cmds):
+      if self.vm_bind:
+        # nothing checks the range against a BO: the CP fetches it through the VM, and an unmapped one faults there
+        if c.size and (c.type == u.MSM_SUBMIT_CMD_BUF or (c.type == u.MSM_SUBMIT_CMD_CTX_RESTORE_BUF and not self._ring_ctx)):
+          frames.append(Frame(c.iova, (c.size // 4) & _IB_DWORDS_MASK))
+        continue
       if c.submit_idx >= len(gems):
         raise _err(errno.EINVAL, f"cmds[{i}] submit_idx {c.submit_idx} >= nr_bos {len(gems)}")
       gem = gems[c.submit_idx]
@@ -541,7 +605,7 @@ class RenderNode(FileIOInterface):
       if c.type == u.MSM_SUBMIT_CMD_BUF or (c.type == u.MSM_SUBMIT_CMD_CTX_RESTORE_BUF and not self._ring_ctx):
         frames.append(Frame(gem.iova + dw_off * 4, dw_size & _IB_DWORDS_MASK))
     for gem in gems:
-      if not gem.iova:
+      if not gem.iova and not self.vm_bind:
         self._assign_iova(gem)   # pinning maps the BO
       gem.pins += 1
     self._ring_ctx = True
@@ -550,7 +614,8 @@ class RenderNode(FileIOInterface):
     a.fence = fence
     self.stats.submits += 1
     self.submits.append(SubmitRecord(q.id, fence, tuple(b.handle for b in bos), tuple(b.flags for b in bos),
-                                     tuple((gems[c.submit_idx].handle, c.submit_offset, c.size) for c in cmds)))
+                                     tuple((0 if self.vm_bind else gems[c.submit_idx].handle, c.iova if self.vm_bind else c.submit_offset,
+                                            c.size) for c in cmds)))
     ready = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(self._job_delays.popleft() * 1e9)) if self._job_delays else 0
     writes = frozenset(bo.handle for bo in bos if bo.flags & u.MSM_SUBMIT_BO_WRITE)
     self._ring.append(Job(q, fence, gems, ExecState(frames[::-1]), frozenset(gems), ready, writes))
@@ -590,6 +655,18 @@ class RenderNode(FileIOInterface):
       time.sleep(0.0005)
 
   def _queue_new(self, a: u.drm_msm_submitqueue) -> None:
+    if a.flags & u.MSM_SUBMITQUEUE_VM_BIND:
+      if not self.vm_bind:
+        raise _err(errno.EINVAL, "a VM_BIND queue needs a context that enabled VM_BIND")
+      if a.prio:
+        raise _err(errno.EINVAL, f"a VM_BIND queue takes prio 0, not {a.prio}")
+      if a.flags & ~u.MSM_SUBMITQUEUE_VM_BIND:
+        raise _err(errno.EINVAL, f"submitqueue flags {a.flags:#x}")
+      self.vm_created = True
+      q = self._new_queue(next(self._queue_ids), 0, a.flags)
+      self._queues[q.id] = q
+      a.id = q.id
+      return
     if a.flags & u.MSM_SUBMITQUEUE_ALLOW_PREEMPT:
       raise _err(errno.EINVAL, "preemption needs more than one ring (a630 has one)")
     if a.flags & ~u.MSM_SUBMITQUEUE_ALLOW_PREEMPT:
@@ -617,6 +694,78 @@ class RenderNode(FileIOInterface):
         raise _err(errno.EFAULT, "query data pointer is NULL")
       ctypes.memmove(a.data, struct.pack("<I", q.faults), min(a.len, 4))
 
+  def _set_param(self, a: u.drm_msm_param) -> None:
+    if a.pipe != u.MSM_PIPE_3D0 or a.pad or a.len:
+      raise _err(errno.EINVAL, f"SET_PARAM pipe {a.pipe:#x} pad {a.pad:#x} len {a.len}")
+    if a.param != u.MSM_PARAM_EN_VM_BIND or not self.vm_bind_supported:
+      raise _err(errno.EINVAL, f"invalid param {a.param:#x}")   # SYSPROF/COMM/CMDLINE are not emulated; pre-6.17 has no EN_VM_BIND
+    if not self.per_process_pgtables:
+      raise _err(errno.EINVAL, "VM_BIND requires per-process pgtables")
+    if self.vm_created:
+      raise _err(errno.EBUSY, "VM already created: EN_VM_BIND must come before the first ioctl that makes it")
+    self.vm_bind = bool(a.value)
+
+  def _vm_bind(self, a: u.drm_msm_vm_bind) -> None:
+    self.vm_created = True
+    if self.vm_unusable:
+      raise _err(errno.EPIPE, "context is unusable")
+    if not self.vm_bind:
+      raise _err(errno.EINVAL, "context does not support vmbind")
+    if a.flags & ~u.MSM_VM_BIND_FLAGS:
+      raise _err(errno.EINVAL, f"VM_BIND flags {a.flags:#x}")
+    if (q := self._queues.get(a.queue_id)) is None:
+      raise _err(errno.ENOENT, f"submitqueue {a.queue_id}")
+    if not q.flags & u.MSM_SUBMITQUEUE_VM_BIND:
+      raise _err(errno.EINVAL, f"submitqueue {q.id} is not a VM_BIND queue: invalid queue type")
+    if a.flags & u.MSM_VM_BIND_FENCE_FD_IN or a.in_syncobjs or a.out_syncobjs:
+      raise _err(errno.EINVAL, "VM_BIND in-fences and syncobjs are not emulated")
+    opsz = ctypes.sizeof(u.drm_msm_vm_bind_op)
+    ops = [a.op] if a.nr_ops == 1 else [u.drm_msm_vm_bind_op.from_address(a.ops + i * opsz) for i in range(a.nr_ops)]
+    checked = [self._bind_op(i, op) for i, op in enumerate(ops)]   # every op is validated before the VM changes at all
+    dropped = []
+    for op, gem in checked:
+      if op.op == u.MSM_VM_BIND_OP_UNMAP:
+        dropped += self.user_vm.unmap(op.iova, op.range)
+      else:
+        dropped += self.user_vm.map(op.iova, op.range, gem, op.obj_offset)
+    for gem in dropped:
+      if not gem.open and gem.pins == 0 and gem.maps == 0:
+        self._release(gem)
+    if a.flags & u.MSM_VM_BIND_FENCE_FD_OUT:
+      # the bind ran already (the emulator applies it in the ioctl), so its sync_file is signalled: an eventfd holding 1
+      # polls readable like a signalled sync_file, and the caller closes it like one
+      a.fence_fd = os.eventfd(1, os.EFD_CLOEXEC)
+
+  def _bind_op(self, i: int, op: u.drm_msm_vm_bind_op) -> tuple[u.drm_msm_vm_bind_op, GemObject | None]:
+    """lookup_op's checks (each failing one overwrites the error, all EINVAL), then the handle and the BO bounds."""
+    what = f"ops[{i}]"
+    problems = []
+    if op.flags & ~u.MSM_VM_BIND_OP_FLAGS:
+      problems.append(f"invalid flags {op.flags:#x}")
+    for name in ("iova", "obj_offset", "range"):
+      if getattr(op, name) % PAGE:
+        problems.append(f"{name} {getattr(op, name):#x} is not page aligned")
+    lo, hi = self.window.start, self.window.start + self.window.size
+    if op.iova + op.range > (1 << 64) - 1 or not (lo <= op.iova and op.iova + op.range <= hi):
+      problems.append(f"range {op.iova:#x}+{op.range:#x} is outside the VM [{lo:#x}, {hi:#x})")
+    if op.op == u.MSM_VM_BIND_OP_MAP and not op.handle:
+      problems.append("MAP needs a handle")
+    elif op.op != u.MSM_VM_BIND_OP_MAP and op.handle:
+      problems.append("handle must be zero for UNMAP and MAP_NULL")
+    if op.op not in (u.MSM_VM_BIND_OP_MAP, u.MSM_VM_BIND_OP_MAP_NULL, u.MSM_VM_BIND_OP_UNMAP):
+      problems.append(f"invalid op {op.op}")
+    if op.op == u.MSM_VM_BIND_OP_MAP_NULL and not self.has_prr:
+      problems.append("MAP_NULL needs PRR, which this GPU's SMMU lacks")
+    if problems:
+      raise _err(errno.EINVAL, f"VM_BIND {what}: " + "; ".join(problems))
+    if not op.handle:
+      return op, None
+    if (gem := self._gems.get(op.handle)) is None:
+      raise _err(errno.EINVAL, f"VM_BIND {what}: invalid handle {op.handle}")
+    if op.range + op.obj_offset > gem.size:
+      raise _err(errno.EINVAL, f"VM_BIND {what}: range {op.range:#x} + offset {op.obj_offset:#x} > BO handle {gem.handle} size {gem.size:#x}")
+    return op, gem
+
   def _madvise(self, a: u.drm_msm_gem_madvise) -> None:
     self._lookup(a.handle)
     a.retained = 1
@@ -625,9 +774,29 @@ class RenderNode(FileIOInterface):
     a.fd = os.dup(self._lookup(a.handle).memfd)
 
   def _prime_to_handle(self, a: u.drm_prime_handle) -> None:
-    ino = os.fstat(a.fd).st_ino
+    """dma_buf_get first: a closed fd is EBADF, a file that is not a dma-buf (a plain memfd, a shm file) EINVAL. One of
+    our own exports gives its object back; a foreign dma-buf is imported once per file and its handle reused after."""
+    try:
+      st = os.fstat(a.fd)
+    except OSError:
+      raise _err(errno.EBADF, f"fd {a.fd} is not open") from None
     for gem in self._gems.values():
-      if os.fstat(gem.memfd).st_ino == ino:
+      if gem.imported is None and os.fstat(gem.memfd).st_ino == st.st_ino:
         a.handle = gem.handle
         return
-    raise _err(errno.EINVAL, "importing foreign dma-bufs is not emulated")
+    key = (st.st_dev, st.st_ino)
+    if (known := self._imports.get(key)) is not None and known.open:
+      a.handle = known.handle
+      return
+    if not dmabuf.is_dmabuf(a.fd):
+      raise _err(errno.EINVAL, f"fd {a.fd} is not a dma-buf (dma_buf_get refuses any other file)")
+    size = _round_page(st.st_size)
+    fd = os.dup(a.fd)
+    host = libc.mmap(0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if host == _FAILED:
+      os.close(fd)
+      raise _err(errno.ENOMEM, "mapping the imported dma-buf")
+    gem = GemObject(next(self._handles), size, u.MSM_BO_WC, fd, self._next_offset, host, imported=key)
+    self._next_offset += size + PAGE
+    self._gems[gem.handle], self._by_offset[gem.mmap_offset], self._imports[key] = gem, gem, gem
+    a.handle = gem.handle

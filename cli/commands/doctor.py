@@ -87,6 +87,9 @@ def _node_report(iface_name: str, rounds: int) -> bool:
   if it.va_range:
     va = f"[{it.va_range[0]:#x}, {it.va_range[0] + it.va_range[1]:#x}) = {it.va_range[1] >> 20} MiB"
   _line(True, "GPU VA range", va)
+  mode = (f"VM_BIND: our own addresses over the VA range ({it.vm_reason})" if it.vm_bind
+          else f"kernel-managed: GET_IOVA, BO table per submit ({it.vm_reason})")
+  _line(True, "GPU addresses", f"{mode}; MODELD_MSM_VM={it.vm_asked}")
   _line(True, "priorities", f"{it.priorities} (0 is highest)")
   _line(True, "in effect", f"priority {s.priority} (MSM_PRIORITY), chunks of {s.chunk_kernels or 'all'} kernels (MSM_CHUNK_KERNELS), "
                            f"{s.inflight} in flight (MSM_INFLIGHT)")
@@ -102,10 +105,39 @@ def _node_report(iface_name: str, rounds: int) -> bool:
   except Exception as e:  # noqa: BLE001
     _line(False, "submit/fence", f"{type(e).__name__}: {e}")
     return False
+  if not _map_round_trip(dev):
+    return False
   node = getattr(it, "node", None)
   if node is not None and node.execute:
     return _exec_check(node)
   return True
+
+
+def _map_round_trip(dev) -> bool:
+  """A fresh buffer mapped (VM_BIND MAP or GET_IOVA), written by a GPU job, freed (UNMAP once its fence retired): the
+  address-mode path every allocation takes, end to end."""
+  it = dev.iface
+  before = (it.stats["vm_map"], it.stats["vm_unmap"], len(it.va.live) if it.va else 0)
+  try:
+    buf = dev._gpu_alloc(0x1000)
+    sig = dev.signal_t(base_buf=buf)
+    dev.hw_compute_queue_t().signal(sig, 42).signal(dev.timeline_signal, dev.next_timeline()).submit(dev)
+    dev.synchronize()
+    wrote, iova = sig.value, buf.va_addr
+    del sig
+    dev._gpu_free(buf)
+    after = (it.stats["vm_map"], it.stats["vm_unmap"], len(it.va.live) if it.va else 0)
+  except Exception as e:  # noqa: BLE001 - the failure is the answer
+    _line(False, "map/submit/unmap", f"{type(e).__name__}: {e}")
+    return False
+  if it.vm_bind:
+    ok = wrote == 42 and after[0] == before[0] + 1 and after[1] == before[1] + 1 and after[2] == before[2]
+    detail = (f"VM_BIND MAP at {iova:#x}, the job wrote {wrote}, UNMAP after its fence; {after[2]} VA ranges live "
+              f"({'as before' if after[2] == before[2] else f'was {before[2]}'})")
+  else:
+    ok, detail = wrote == 42, f"GET_IOVA {iova:#x}, the job wrote {wrote}, closed after its fence"
+  _line(ok, "map/submit/unmap", detail)
+  return ok
 
 
 def _exec_check(node) -> bool:
