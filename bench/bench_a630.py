@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backend import a630_cost as ac  # noqa: E402
+from backend import timeline as tl  # noqa: E402
 
 KINDS = ("driving", "supercombo", "stateful", "dmonitoring")   # as the artifact registry names them
 MODELS = {"driving": ("driving", ["driving_vision.onnx", "driving_policy.onnx"]), "supercombo": ("supercombo", ["driving_supercombo.onnx"]),
@@ -166,7 +167,10 @@ def report(kind: str, frame: list[Dispatched], c: ac.Constants, top: int) -> Non
   for b, t in zip(bound, us):
     by_bound[b].append(t)
   warp = sum(t for d, t in zip(frame, us) if d.part == "warp")
-  print(f"\n{kind}: {len(frame)} dispatches, {sum(us) / 1e3:.2f} ms per frame (band {lo / 1e3:.2f}-{hi / 1e3:.2f}); warp and queues "
+  # the model before waves, SP share and occupancy were counted (what README and compile reports gave), summed the same way
+  old = sum(tl.executed_us(w.alu, w.sfu, w.tex, w.nbytes) for w in work)
+  print(f"\n{kind}: {len(frame)} dispatches, {sum(us) / 1e3:.2f} ms per frame (band {lo / 1e3:.2f}-{hi / 1e3:.2f}; "
+        f"previous model {old / 1e3:.2f}); warp and queues "
         f"{warp / 1e3:.2f} ms; {sum(w.flops for w in work) / 1e9:.2f} GFLOP, {sum(w.tex for w in work) / 1e6:.0f} M texels, "
         f"{sum(w.nbytes for w in work) / 1e6:.0f} MB ldg+stg")
   print("  bound by: " + ", ".join(f"{b} {len(v)} dispatches {sum(v) / 1e3:.2f} ms" for b, v in sorted(by_bound.items(), key=lambda kv: -sum(kv[1]))))
