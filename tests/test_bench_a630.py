@@ -49,3 +49,7 @@ def test_every_kind_at_tiny_size_adds_up(tmp_path):
   out, report, rows = _bench(tmp_path, "--work", str(tmp_path / "work"))
   _check(report, rows, ["driving", "supercombo", "dmonitoring"])
   assert len(report["calibration"]) == 3 and "not comparable" in report["calibration"][0]["source"]
+  # the combined model is the pair fused: pruned like the pair's, its frame replays no constant weight re-layouts (unpruned,
+  # the tiny one dispatched 127 against the pair's 95)
+  m = report["models"]
+  assert m["supercombo"]["dispatches"] <= m["driving"]["dispatches"] + 8
