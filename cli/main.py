@@ -14,7 +14,7 @@ from selfdrive_glue.errors import UserError, describe_os_error
 from selfdrive_glue.files import Terminated, stop_on_sigterm
 
 COMMANDS = ["models", "compile", "verify", "keygen", "sign", "release", "install", "uninstall", "smoke", "serve", "serve-dm", "demo", "synth",
-            "replay", "regress", "train", "train-dm", "doctor"]
+            "replay", "regress", "train", "train-dm", "doctor", "calibrate-a630"]
 
 HELP = {
   "models": "write reference models: driving_vision.onnx + driving_policy.onnx, or dmonitoring_model.onnx (tiny or full)",
@@ -35,6 +35,7 @@ HELP = {
   "train": "train the tiny stand-in vision + policy on rendered drives (the recipe behind the demo's default models)",
   "train-dm": "train the tiny driver-monitoring stand-in on rendered cabins (the recipe behind the demo's DM model)",
   "doctor": "report tinygrad/tinymesa versions, kernel interfaces and render node facts",
+  "calibrate-a630": "time every kernel of a QCOM artifact by the GPU's clock and fit the a630 cost model's constants to it",
 }
 
 

@@ -56,8 +56,12 @@ class StatefulProgram:
     new_img = Tensor.stack(warp_nv12(frame, tfm, self.nv12), warp_nv12(big_frame, big_tfm, self.nv12)).contiguous()
     with Context(SPLIT_REDUCEOP=0):   # a gather over the frame: split reduces would make it many partial passes
       new_img.realize()
+    # every state read also reads the traffic convention's bits (a select true for any bits): tinygrad's prune keeps a kernel
+    # only once it touches an input-dependent buffer, and a kernel reading nothing but a state would be frozen at capture
+    always = (traffic_convention.to(self.device).bitcast(dtypes.int32)[0, 0] | 1) != 0
+    states = {name: always.where(t, 0).cast(t.dtype) for name, t in self.states.items()}
     feeds: dict[str, Any] = {"new_img": new_img, "desire": desire.to(self.device), "traffic_convention": traffic_convention.to(self.device),
-                             "action_t": action_t.to(self.device), **self.states}
+                             "action_t": action_t.to(self.device), **states}
     outs = self.model({k: v.cast(self.dtypes[k]) for k, v in feeds.items()})
     out = outs[OUTPUT].cast(dtypes.float32).reshape(1, -1).contiguous()
     nexts = {name: outs[NEXT + name].cast(t.dtype).contiguous() for name, t in self.states.items()}
@@ -68,5 +72,6 @@ class StatefulProgram:
     return out
 
   def jits(self) -> Any:
-    # not pruned: a kernel reading only the states would be run once at capture and frozen (the supercombo step's lesson)
-    return TinyJit(self.run_step)
+    # pruned, so the constant weights' layout conversions run once at capture, not every frame; the states' reads are kept per
+    # frame by their read of an input (run_step)
+    return TinyJit(self.run_step, prune=True)

@@ -47,8 +47,11 @@ class SupercomboProgram(DrivingProgram):
   def run_policy(self, frame: Tensor, big_frame: Tensor, desire: Tensor, traffic_convention: Tensor, action_t: Tensor,   # type: ignore[override]
                  tfm: Tensor, big_tfm: Tensor) -> Tensor:
     img, big_img = self._warp(frame, big_frame, tfm, big_tfm)
-    # the past features are read before this frame's hidden state is pushed: realized first, so the push cannot race them
-    features = self.feat_q[0::FRAME_SKIP].reshape(1, PAST, FEATURE_LEN).contiguous().realize()
+    # the past features are read before this frame's hidden state is pushed: realized first, so the push cannot race them.
+    # The gather also reads the traffic convention's bits (a select true for any bits): tinygrad's prune keeps a kernel only
+    # once it touches an input-dependent buffer, and this one otherwise reads nothing but the queue
+    always = (traffic_convention.to(self.device).bitcast(dtypes.int32)[0, 0] | 1) != 0
+    features = always.where(self.feat_q[0::FRAME_SKIP], 0.0).reshape(1, PAST, FEATURE_LEN).contiguous().realize()
     desire_q = _push(self.desire_q, desire.to(self.device).cast(dtypes.float32))
     pulses = desire_q.reshape(HISTORY, FRAME_SKIP, 1, DESIRE_LEN).max(1).reshape(1, HISTORY, DESIRE_LEN)
     feeds = {"img": img, "big_img": big_img, "features_buffer": features, "desire_pulse": pulses,
@@ -60,7 +63,7 @@ class SupercomboProgram(DrivingProgram):
     return out
 
   def jits(self):
-    # no pruning for the step: tinygrad's prune keeps a kernel only once it touches an input-dependent buffer, in call order,
-    # and the gather of the past features reads nothing but the queue, so it would be run once at capture and frozen (the
-    # equivalence check caught it: outputs drifted from the 5th step on). The split program loses 4 tiny kernels to pruning.
-    return TinyJit(self.run_policy), TinyJit(self.run_warp, prune=True)
+    # pruned like the split program's, so the constant weights' layout conversions run once at capture, not every frame
+    # (45 dispatches, ~96 MB written and read per frame at master's size); the gather of the past features is kept per
+    # frame by its read of an input (run_policy): without it, it was frozen at capture (outputs drifted from the 5th step)
+    return TinyJit(self.run_policy, prune=True), TinyJit(self.run_warp, prune=True)

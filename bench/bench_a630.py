@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""The a630's time per frame of each model kind, summed over every dispatch, with what bounds each kernel and a band.
+
+  .venv/bin/python bench/bench_a630.py [--size tiny|full] [--work DIR] [--driving DIR] [--supercombo DIR] [--dmonitoring DIR]
+                                       [--top 10] [--json OUT] [--dispatches OUT]
+
+Each QCOM artifact is loaded on the emulated render node, stepped once to bind its graphs, then stepped once more with
+execution on (emulator level B): every dispatch of that frame, in ring order, is costed by `backend.a630_cost` from the
+work it executed (issued 64-lane waves, SP share, occupancy, launch overhead). The frame is the sum over every dispatch
+(a kernel dispatched twice counts twice). The band is the frame under every corner of the unsourced constants' plausible
+ranges (`a630_cost.UNSOURCED`). Calibration compares whole-frame figures measured on comma devices (docs/anchors.md)
+with the estimate of the matching dispatches, and fits the constants they can identify (`a630_cost.fit`, held to the
+shipped values by a prior). Without artifacts, the reference models of --size are written and compiled for QCOM first
+(tiny: a few minutes on 2 cores; full: 80-170 s per model); --work DIR keeps them for the next run.
+--json OUT: {"models": {kind: {"ms", "band_ms", "dispatches"}}, "calibration": [{"source", "measured_ms", "estimated_ms"}]}.
+--dispatches OUT: every dispatch's kind, kernel, estimate (us) and bound, for checking the sums.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backend import a630_cost as ac  # noqa: E402
+from backend import timeline as tl  # noqa: E402
+
+KINDS = ("driving", "supercombo", "stateful", "dmonitoring")   # as the artifact registry names them
+MODELS = {"driving": ("driving", ["driving_vision.onnx", "driving_policy.onnx"]), "supercombo": ("supercombo", ["driving_supercombo.onnx"]),
+          "dmonitoring": ("dmonitoring", ["dmonitoring_model.onnx"])}
+COMPILE_ARGS = {"driving": lambda m: ["--vision", str(m / "driving_vision.onnx"), "--policy", str(m / "driving_policy.onnx")],
+                "supercombo": lambda m: ["--model", str(m / "driving_supercombo.onnx")],
+                "dmonitoring": lambda m: ["--dmonitoring", str(m / "dmonitoring_model.onnx")]}
+
+
+@dataclass(frozen=True)
+class Calibration:
+  """A figure measured on a comma device and the dispatches of ours it stands for (part: 'model' leaves the warp out)."""
+  source: str
+  measured_ms: float
+  kind: str
+  part: str   # "frame" or "model"
+
+
+# docs/anchors.md §2 and docs/a630-time.md: IR3 (Mesa's compiler, as ours) where one exists
+CALIBRATION = (
+  Calibration("tinygrad CI: 0.11 driving_vision QCOM:IR3 < 18 ms + driving_policy < 3.2 ms (limits, fastest of 20)", 21.2, "driving", "model"),
+  Calibration("openpilot#38399: modelV2 host time on IR3, combined model", 24.8, "supercombo", "frame"),
+  Calibration("openpilot#38399: driverStateV2 host time on IR3", 14.7, "dmonitoring", "frame"),
+)
+FIT_PARAMS = ["tex_rate", "launch_us", "overlap"]   # what three whole-frame figures can move; the prior holds the rest
+
+
+@dataclass(frozen=True)
+class Dispatched:
+  work: ac.Work
+  part: str          # "warp" (the warp_jit: warp and image queues) or "model"
+  local: tuple[int, int, int]
+  groups: tuple[int, int, int]
+
+
+def build(size: str, work: Path, kinds) -> dict[str, Path]:
+  cli = [sys.executable, "-m", "cli.main"]
+  m = work / "models"
+  out = {}
+  for kind in kinds:
+    art = work / kind
+    if (art / "manifest.json").exists():
+      print(f"using the {size} {kind} artifact compiled before in {art}")
+      out[kind] = art
+      continue
+    contract, files = MODELS[kind]
+    if not all((m / f).exists() for f in files):
+      subprocess.run([*cli, "models", "--contract", contract, "--size", size, "-o", str(m)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    t = time.perf_counter()
+    r = subprocess.run([*cli, "compile", *COMPILE_ARGS[kind](m), "--device", "QCOM", "-o", str(art)], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode:
+      raise SystemExit(f"compile of the {size} {kind} model failed:\n{r.stdout}\n{r.stderr}")
+    print(f"compiled the {size} {kind} model for QCOM on EMU in {time.perf_counter() - t:.0f} s", flush=True)
+    out[kind] = art
+  return out
+
+
+def _kernels(jits, device: str) -> dict[int, float]:
+  """Shader IOVA -> tinygrad's FLOP estimate, for every program of the JITs."""
+  from tinygrad.engine import realize
+  from tinygrad.uop.ops import Ops, sym_infer
+  flops = {}
+  for jit in jits:
+    for u in jit.captured._linear.toposort():
+      if u.op is Ops.PROGRAM and (rt := realize.runtime_cache.get((u.key, device))) is not None:
+        flops[int(rt.lib_gpu.va_addr)] = float(sym_infer(u.src[0].arg.estimates.ops, {}))
+  return flops
+
+
+def record_frame(step, jits: dict[str, object], device: str) -> list[Dispatched]:
+  """Every dispatch of one call of `step` on the emulated node, executed, in ring order (the first call binds, uncounted)."""
+  from tinygrad import Device
+  dev: Any = Device[device]
+  node = dev.iface.node
+  step()
+  dev.synchronize()
+  seen: list = []
+  node.on_dispatch = seen.append
+  node.set_execute(True)
+  kept, node.counts = node.counts, collections.deque()
+  try:
+    step()
+    dev.synchronize()
+  finally:
+    executed, node.counts = node.counts, kept
+    node.on_dispatch = None
+    node.set_execute(False)
+  if len(executed) != len(seen) or not seen:
+    raise SystemExit(f"executed {len(executed)} of {len(seen)} dispatches")
+  part = {addr: tag for tag, jit in jits.items() for addr in _kernels([jit], device)}
+  flops = _kernels(list(jits.values()), device)
+  out = []
+  for d, (name, c) in zip(seen, executed):
+    groups, local = (int(d.groups[0]), int(d.groups[1]), int(d.groups[2])), (int(d.local_size[0]), int(d.local_size[1]), int(d.local_size[2]))
+    w = ac.Work(name or hex(d.shader_iova), c.alu, c.sfu, c.tex, c.mem_load + c.mem_store, c.fibers, groups[0] * groups[1] * groups[2],
+                local[0] * local[1] * local[2], flops.get(d.shader_iova, 0.0))
+    out.append(Dispatched(w, part.get(d.shader_iova, "model"), local, groups))
+  return out
+
+
+def frame_of(kind: str, art: Path) -> list[Dispatched]:
+  os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
+  import numpy as np
+  if kind == "dmonitoring":
+    from tinygrad import Device
+
+    from modeld_msm.dm_core import DMonitoringCore
+    from selfdrive_glue.nv12 import nv12_info
+    core = DMonitoringCore(art)
+    z = np.zeros(nv12_info(*core.camera).size, np.uint8)
+    return record_frame(lambda: core.run(z), {"model": core.jit}, Device.DEFAULT)
+  from modeld_msm.model_state import ModelState
+  ms = ModelState(art)
+  z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
+  return record_frame(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False),
+                      {"model": ms.policy_jit, "warp": ms.warp_jit}, ms.device)
+
+
+def machine() -> str:
+  from artifact.cpu_info import cpu_info
+  c = cpu_info()
+  return f"{c.model} ({platform.machine()}, {os.cpu_count()} cores; ISA {' '.join(sorted(c.flags & {'avx2', 'fma', 'avx512f', 'avx512_fp16'}))})"
+
+
+def report(kind: str, frame: list[Dispatched], c: ac.Constants, top: int) -> None:
+  work = [d.work for d in frame]
+  us, terms, bound = ac.dispatch_us(work, c), ac.terms_us(work, c), ac.bounds(work, c)
+  lo, hi = ac.band_us(work, c)
+  by_bound: dict[str, list[float]] = collections.defaultdict(list)
+  for b, t in zip(bound, us):
+    by_bound[b].append(t)
+  warp = sum(t for d, t in zip(frame, us) if d.part == "warp")
+  # the model before waves, SP share and occupancy were counted (what README and compile reports gave), summed the same way
+  old = sum(tl.executed_us(w.alu, w.sfu, w.tex, w.nbytes) for w in work)
+  print(f"\n{kind}: {len(frame)} dispatches, {sum(us) / 1e3:.2f} ms per frame (band {lo / 1e3:.2f}-{hi / 1e3:.2f}; "
+        f"previous model {old / 1e3:.2f}); warp and queues "
+        f"{warp / 1e3:.2f} ms; {sum(w.flops for w in work) / 1e9:.2f} GFLOP, {sum(w.tex for w in work) / 1e6:.0f} M texels, "
+        f"{sum(w.nbytes for w in work) / 1e6:.0f} MB ldg+stg")
+  print("  bound by: " + ", ".join(f"{b} {len(v)} dispatches {sum(v) / 1e3:.2f} ms" for b, v in sorted(by_bound.items(), key=lambda kv: -sum(kv[1]))))
+  agg: dict[str, dict] = {}
+  for d, t, tm, b in zip(frame, us, terms, bound):
+    a = agg.setdefault(d.work.name, {"n": 0, "us": 0.0, "terms": [0.0, 0.0, 0.0], "flops": 0.0, "bound": b, "local": d.local, "groups": d.groups,
+                                      "active": d.work.fibers / max(1, d.work.groups * -(-d.work.group_size // ac.WAVE) * ac.WAVE)})
+    a["n"] += 1
+    a["us"] += t
+    a["flops"] += d.work.flops
+    a["terms"] = [x + y for x, y in zip(a["terms"], tm)]
+  rows = sorted(agg.items(), key=lambda kv: -kv[1]["us"])[:top]
+  head = (f"  {'kernel':<34} {'disp':>4} {'us':>8} {'%':>5} {'ALU us':>8} {'DRAM us':>8} {'TEX us':>8} {'bound':>6} {'GFLOPS':>6} "
+          f"{'lanes':>5}  local x groups")
+  print(head)
+  for name, a in rows:
+    gf = f"{a['flops'] / (a['us'] * 1e-6) / 1e9:.0f}" if a["flops"] else "-"
+    print(f"  {name[:34]:<34} {a['n']:>4} {a['us']:>8.0f} {100 * a['us'] / sum(us):>5.1f} {a['terms'][0]:>8.0f} {a['terms'][1]:>8.0f} "
+          f"{a['terms'][2]:>8.0f} {a['bound']:>6} {gf:>6} {100 * a['active']:>4.0f}%  "
+          f"{'x'.join(map(str, a['local']))} x {'x'.join(map(str, a['groups']))}")
+  print(f"  top {top} kernels: {100 * sum(a['us'] for _, a in rows) / sum(us):.1f} % of the frame")
+
+
+def calibration_points(frames: dict[str, list[Dispatched]], size: str) -> list[tuple[Calibration, ac.Point]]:
+  out = []
+  for cal in CALIBRATION:
+    if cal.kind not in frames:
+      continue
+    work = tuple(d.work for d in frames[cal.kind] if cal.part == "frame" or d.part == "model")
+    src = cal.source if size == "full" else f"{cal.source} [against a {size} stand-in: not comparable]"
+    out.append((replace(cal, source=src), ac.Point(src, cal.measured_ms * 1e3, work)))
+  return out
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--size", choices=("full", "tiny"), default="full", help="reference models to compile where no artifact is given")
+  ap.add_argument("--work", type=Path, help="keep the compiled artifacts here and reuse them next time (default: a temp dir)")
+  for k in ("driving", "supercombo", "dmonitoring"):
+    ap.add_argument(f"--{k}", type=Path, help=f"a QCOM {k} artifact (default: compile --size)")
+  ap.add_argument("--kinds", nargs="+", choices=[k for k in KINDS if k != "stateful"], default=["driving", "supercombo", "dmonitoring"])
+  ap.add_argument("--top", type=int, default=10, help="kernels listed per model (default 10)")
+  ap.add_argument("--json", type=Path, help="write the per-model figures and the calibration here")
+  ap.add_argument("--dispatches", type=Path, help="write every dispatch's estimate here")
+  args = ap.parse_args()
+  print(f"machine: {machine()} (the estimates do not depend on it)")
+  c = ac.DEFAULT
+  print("constants: " + ", ".join(f"{k}={v:g}" for k, v in ac.constants_dict(c).items()) + f"; band over {', '.join(ac.UNSOURCED)}")
+  with tempfile.TemporaryDirectory(prefix="bench-a630-") as tmp:
+    work = args.work or Path(tmp)
+    work.mkdir(parents=True, exist_ok=True)
+    given = {k: getattr(args, k) for k in args.kinds if getattr(args, k)}
+    arts = {**build(args.size, work, [k for k in args.kinds if k not in given]), **given}
+    frames = {k: frame_of(k, arts[k]) for k in args.kinds}
+  print("stateful: no artifact kind yet")
+  models, rows = {}, []
+  for kind, frame in frames.items():
+    report(kind, frame, c, args.top)
+    work_list = [d.work for d in frame]
+    us = ac.dispatch_us(work_list, c)
+    lo, hi = ac.band_us(work_list, c)
+    models[kind] = {"ms": round(sum(us) / 1e3, 4), "band_ms": [round(lo / 1e3, 4), round(hi / 1e3, 4)], "dispatches": len(frame)}
+    rows += [{"kind": kind, "kernel": d.work.name, "part": d.part, "us": t, "bound": b} for d, t, b in zip(frame, us, ac.bounds(work_list, c))]
+  cals = calibration_points(frames, args.size)
+  calibration = [{"source": cal.source, "measured_ms": cal.measured_ms, "estimated_ms": round(ac.frame_us(list(p.work), c) / 1e3, 4)}
+                 for cal, p in cals]
+  if cals:
+    fitted = ac.fit([p for _, p in cals], FIT_PARAMS, c, prior=0.1)
+    print(f"\ncalibration (measured on comma devices vs this estimate; fit of {', '.join(FIT_PARAMS)} with a prior to the shipped values):")
+    pts = [p for _, p in cals]
+    for (cal, _), (_, m, e), (_, _, f) in zip(cals, ac.residuals(pts, c), ac.residuals(pts, fitted)):
+      print(f"  {cal.kind:<12} {cal.part:<6} measured {m:6.2f} ms  estimated {e:6.2f} ({100 * (e - m) / m:+.0f} %)  fitted {f:6.2f} "
+            f"({100 * (f - m) / m:+.0f} %)  {cal.source}")
+    print("  fitted: " + ", ".join(f"{n}={getattr(fitted, n):.4g} (shipped {getattr(c, n):g})" for n in FIT_PARAMS))
+    if args.size != "full":
+      print(f"  (the figures are for full-size models: at --size {args.size} neither residual nor fit means anything)")
+  for name, scale in (("half", 0.5), ("double", 2.0)):
+    t = replace(c, tex_rate=c.tex_rate * scale)
+    print(f"texture rate {name}: " + ", ".join(f"{k} {ac.frame_us([d.work for d in f], t) / 1e3:.2f} ms" for k, f in frames.items()))
+  if args.json:
+    from selfdrive_glue.files import write_atomic
+    write_atomic(args.json, json.dumps({"models": models, "calibration": calibration}, indent=1).encode())
+  if args.dispatches:
+    from selfdrive_glue.files import write_atomic
+    write_atomic(args.dispatches, json.dumps(rows).encode())
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

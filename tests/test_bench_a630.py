@@ -1,0 +1,55 @@
+"""bench/bench_a630.py: every dispatch of a frame summed, a band around it, and its JSON in the issue's shape."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(tmp_path, *args):
+  out, rows = tmp_path / "a630.json", tmp_path / "dispatches.json"
+  r = subprocess.run([sys.executable, "bench/bench_a630.py", "--size", "tiny", "--top", "5", "--json", str(out), "--dispatches", str(rows), *args],
+                     cwd=ROOT, capture_output=True, text=True, timeout=1800)
+  assert r.returncode == 0, r.stdout + r.stderr
+  return r.stdout, json.loads(out.read_text()), json.loads(rows.read_text())
+
+
+def _check(report, rows, kinds):
+  assert set(report) == {"models", "calibration"} and set(report["models"]) == set(kinds)
+  for kind, m in report["models"].items():
+    assert set(m) == {"ms", "band_ms", "dispatches"}
+    mine = [r for r in rows if r["kind"] == kind]
+    # the frame is every dispatch summed, repeats included (not one value per distinct kernel name)
+    assert m["dispatches"] == len(mine) > 0
+    assert m["ms"] == pytest.approx(sum(r["us"] for r in mine) / 1e3, abs=1e-3)
+    per_name = {}
+    for r in mine:
+      per_name.setdefault(r["kernel"], r["us"])
+    if len(per_name) < len(mine):
+      assert m["ms"] > sum(per_name.values()) / 1e3
+    lo, hi = m["band_ms"]
+    assert lo < m["ms"] < hi
+    assert {r["bound"] for r in mine} <= {"ALU", "DRAM", "TEX", "launch"}
+  for c in report["calibration"]:
+    assert set(c) == {"source", "measured_ms", "estimated_ms"} and c["measured_ms"] > 0 and c["estimated_ms"] > 0
+
+
+@pytest.mark.xdist_group("qcom_artifact")
+def test_driving_frame_adds_up(qcom_artifact, tmp_path):
+  out, report, rows = _bench(tmp_path, "--kinds", "driving", "--driving", str(qcom_artifact))
+  _check(report, rows, ["driving"])
+  assert "bound by:" in out and "machine:" in out
+
+
+@pytest.mark.slow
+def test_every_kind_at_tiny_size_adds_up(tmp_path):
+  out, report, rows = _bench(tmp_path, "--work", str(tmp_path / "work"))
+  _check(report, rows, ["driving", "supercombo", "dmonitoring"])
+  assert len(report["calibration"]) == 3 and "not comparable" in report["calibration"][0]["source"]
+  # the combined model is the pair fused: pruned like the pair's, its frame replays no constant weight re-layouts (unpruned,
+  # the tiny one dispatched 127 against the pair's 95)
+  m = report["models"]
+  assert m["supercombo"]["dispatches"] <= m["driving"]["dispatches"] + 8
