@@ -33,15 +33,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from artifact import kinds  # noqa: E402
 from backend import a630_cost as ac  # noqa: E402
 from backend import timeline as tl  # noqa: E402
 
-KINDS = ("driving", "supercombo", "stateful", "dmonitoring")   # as the artifact registry names them
-MODELS = {"driving": ("driving", ["driving_vision.onnx", "driving_policy.onnx"]), "supercombo": ("supercombo", ["driving_supercombo.onnx"]),
-          "dmonitoring": ("dmonitoring", ["dmonitoring_model.onnx"])}
-COMPILE_ARGS = {"driving": lambda m: ["--vision", str(m / "driving_vision.onnx"), "--policy", str(m / "driving_policy.onnx")],
-                "supercombo": lambda m: ["--model", str(m / "driving_supercombo.onnx")],
-                "dmonitoring": lambda m: ["--dmonitoring", str(m / "dmonitoring_model.onnx")]}
+KINDS = tuple(kinds.KINDS)   # as the artifact registry names them
+
+
+def compile_args(kind: kinds.Kind, m: Path) -> list[str]:
+  """`compile`'s model arguments for a kind's reference models in m (the pair by role, a one-file model as --model)."""
+  if len(kind.models) == 1:
+    return ["--model", str(m / kind.model_files[0])]
+  return [a for role, f in zip(kind.models, kind.model_files) for a in (f"--{role}", str(m / f))]
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,12 @@ def build(size: str, work: Path, kinds) -> dict[str, Path]:
       print(f"using the {size} {kind} artifact compiled before in {art}")
       out[kind] = art
       continue
-    contract, files = MODELS[kind]
-    if not all((m / f).exists() for f in files):
-      subprocess.run([*cli, "models", "--contract", contract, "--size", size, "-o", str(m)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    k = kinds.KINDS[kind]
+    mk = m / kind   # the combined and the stateful model share a file name
+    if not all((mk / f).exists() for f in k.model_files):
+      subprocess.run([*cli, "models", "--kind", kind, "--size", size, "-o", str(mk)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     t = time.perf_counter()
-    r = subprocess.run([*cli, "compile", *COMPILE_ARGS[kind](m), "--device", "QCOM", "-o", str(art)], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([*cli, "compile", *compile_args(k, mk), "--device", "QCOM", "-o", str(art)], cwd=ROOT, capture_output=True, text=True)
     if r.returncode:
       raise SystemExit(f"compile of the {size} {kind} model failed:\n{r.stdout}\n{r.stderr}")
     print(f"compiled the {size} {kind} model for QCOM on EMU in {time.perf_counter() - t:.0f} s", flush=True)
@@ -138,19 +142,20 @@ def record_frame(step, jits: dict[str, object], device: str) -> list[Dispatched]
 def frame_of(kind: str, art: Path) -> list[Dispatched]:
   os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
   import numpy as np
-  if kind == "dmonitoring":
+  if kinds.KINDS[kind].process == "dmonitoringmodeld":
     from tinygrad import Device
 
     from modeld_msm.dm_core import DMonitoringCore
     from selfdrive_glue.nv12 import nv12_info
     core = DMonitoringCore(art)
     z = np.zeros(nv12_info(*core.camera).size, np.uint8)
-    return record_frame(lambda: core.run(z), {"model": core.jit}, Device.DEFAULT)
+    return record_frame(lambda: core.run(z), {"model": core.program.jit}, Device.DEFAULT)
   from modeld_msm.model_state import ModelState
   ms = ModelState(art)
   z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
-  return record_frame(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False),
-                      {"model": ms.policy_jit, "warp": ms.warp_jit}, ms.device)
+  jits = {"model": ms.step.jit, **({"warp": ms.warp.jit} if ms.warp is not None else {})}
+  return record_frame(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False,
+                                     action_t=np.array([[0.2, 0.3]], np.float32)), jits, ms.device)
 
 
 def machine() -> str:
@@ -209,9 +214,9 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--size", choices=("full", "tiny"), default="full", help="reference models to compile where no artifact is given")
   ap.add_argument("--work", type=Path, help="keep the compiled artifacts here and reuse them next time (default: a temp dir)")
-  for k in ("driving", "supercombo", "dmonitoring"):
+  for k in KINDS:
     ap.add_argument(f"--{k}", type=Path, help=f"a QCOM {k} artifact (default: compile --size)")
-  ap.add_argument("--kinds", nargs="+", choices=[k for k in KINDS if k != "stateful"], default=["driving", "supercombo", "dmonitoring"])
+  ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
   ap.add_argument("--top", type=int, default=10, help="kernels listed per model (default 10)")
   ap.add_argument("--json", type=Path, help="write the per-model figures and the calibration here")
   ap.add_argument("--dispatches", type=Path, help="write every dispatch's estimate here")
@@ -225,7 +230,6 @@ def main() -> int:
     given = {k: getattr(args, k) for k in args.kinds if getattr(args, k)}
     arts = {**build(args.size, work, [k for k in args.kinds if k not in given]), **given}
     frames = {k: frame_of(k, arts[k]) for k in args.kinds}
-  print("stateful: no artifact kind yet")
   models, rows = {}, []
   for kind, frame in frames.items():
     report(kind, frame, c, args.top)

@@ -167,7 +167,7 @@ class ModeldCore:
 
     t1 = self.clock()
     outputs, raw = self.model.run(main.buf, extra.buf, self.tfm, self.big_tfm, vec_desire, traffic_convention, prepare_only,
-                                  action_t=model_action_t(self.long_delay, lat_delay) if self.model.reads_action_t else None)
+                                  action_t=model_action_t(self.long_delay, lat_delay))   # a program that reads no action_t ignores it
     t2 = self.clock()
     self.stats.last = StepTiming(model_s=t2 - t1)
     self.last_vipc_frame_id = main.frame_id

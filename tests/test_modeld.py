@@ -151,13 +151,8 @@ def _spy_action_t(core):
 
   def spy(*a, action_t=None, **k):
     seen.append(action_t)
-    core.model.combined = False   # the tiny pair's programs take no action_t
-    try:
-      return real_run(*a, **k)
-    finally:
-      core.model.combined = True
-  # the core passes action_t only to a combined model; the tiny pair has no action head, so the plan path is kept
-  core.model.run, core.model.combined = spy, True
+    return real_run(*a, action_t=action_t, **k)   # the tiny pair's programs read no action_t: the plan path is kept
+  core.model.run = spy
   return seen
 
 

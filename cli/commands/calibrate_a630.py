@@ -21,7 +21,7 @@ FORMAT = "modeld-msm a630 calibration 1"
 
 
 def add_arguments(p) -> None:
-  p.add_argument("--artifact", required=True, help="a QCOM artifact directory (any kind: driving, supercombo, dmonitoring)")
+  p.add_argument("--artifact", required=True, help="a QCOM artifact directory (any kind)")
   p.add_argument("-o", "--output", required=True, help="where to write the calibration (JSON)")
   p.add_argument("--repeat", type=integer(1), default=5, help="runs per kernel on a device; the fastest counts (default 5)")
   p.add_argument("--timings", help="a calibration written on a device: fit its times here (needs the emulated render node)")
@@ -33,15 +33,17 @@ def _step(art):
   import numpy as np
 
   from selfdrive_glue.nv12 import nv12_info
-  if art.kind == "dmonitoring":
+  if art.spec.process == "dmonitoringmodeld":
     from modeld_msm.dm_core import DMonitoringCore
     core = DMonitoringCore(art)
     z = np.zeros(nv12_info(*core.camera).size, np.uint8)
-    return (lambda: core.run(z)), [core.jit]
+    return (lambda: core.run(z)), [core.program.jit]
   from modeld_msm.model_state import ModelState
   ms = ModelState(art)
   z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
-  return (lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False)), [ms.warp_jit, ms.policy_jit]
+  at = np.array([[0.2, 0.3]], np.float32)
+  jits = [p.jit for p in (ms.warp, ms.step) if p is not None]
+  return (lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False, action_t=at)), jits
 
 
 def _read_json(path: str, what: str) -> dict:
