@@ -31,7 +31,9 @@ SUPERCOMBO_INPUTS = {**VISION_INPUTS, "features_buffer": ((1, 24, 512), {"float1
                      "desire_pulse": POLICY_INPUTS["desire_pulse"], "traffic_convention": POLICY_INPUTS["traffic_convention"],
                      "action_t": ((1, 2), {"float16", "float32"})}
 INPUTS: dict[str, dict[str, Any]] = {"vision": VISION_INPUTS, "policy": POLICY_INPUTS, "dmonitoring": DM_INPUTS, "supercombo": SUPERCOMBO_INPUTS,
-                                     "stateful": {}}   # stateful: read from the graph (compile/stateful_contract.py)
+                                     "stateful": {}}
+# contracts whose states, inputs and outputs the graph itself declares (compile/stateful_contract.py), not a fixed table
+GRAPH_DECLARED = {"stateful"}
 # what each contract's file is called in openpilot's tree, for messages
 FILES = {"vision": "driving_vision.onnx (openpilot 0.11)", "policy": "driving_policy.onnx (openpilot 0.11)",
          "dmonitoring": "dmonitoring_model.onnx", "supercombo": "driving_supercombo.onnx (openpilot master since PR #38173)",
@@ -179,7 +181,7 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
   expected = INPUTS[kind]
   if (other := contract_of(inputs, [o.name for o in graph.output])) not in (None, kind):
     raise UserError(f"{path.name} is the {other} model, {FILES[other]}, not the {kind} model {FILES[kind]}; {_where(other)}")
-  if kind == "stateful":   # inputs, states and outputs come from the graph itself
+  if kind in GRAPH_DECLARED:
     check_stateful({k: (_dims(v), _dtype_name(v)) for k, v in inputs.items()}, {o.name: (_dims(o), _dtype_name(o)) for o in graph.output},
                    f"model {path.name}")
   for name, (shape, dtypes_ok) in expected.items():
@@ -191,9 +193,9 @@ def load_model_info(path: str | Path, kind: str) -> OnnxModelInfo:
       raise UserError(f"{kind} model input '{name}' has shape {got_shape}, expected {shape}")
     if got_dtype not in dtypes_ok:
       raise UserError(f"{kind} model input '{name}' has dtype {got_dtype}, expected {' or '.join(sorted(dtypes_ok))}")
-  if kind != "stateful" and (extra := sorted(set(inputs) - set(expected))):
+  if kind not in GRAPH_DECLARED and (extra := sorted(set(inputs) - set(expected))):
     raise UserError(f"{kind} model {path.name} has input(s) openpilot's modeld does not feed: {', '.join(extra)}; is this the right model file?")
-  if kind != "stateful" and len(graph.output) != 1:
+  if kind not in GRAPH_DECLARED and len(graph.output) != 1:
     raise UserError(f"{kind} model must have exactly one output, found {len(graph.output)}")
   # then types and shapes through the whole graph: an input declared float32 in an fp16 graph passes the contract above
   # but fails onnxruntime's type check (and only after tinygrad has loaded the model, tens of seconds in)

@@ -252,11 +252,11 @@ def test_replacing_an_artifact_or_bundle_of_ours_keeps_the_users_files(tmp_path)
   with pytest.raises(UserError, match="also holds notes.txt"):
     check_out_dir(b / "1928x1208")
   (b / "1928x1208" / "notes.txt").unlink()
-  (b / "RELEASE_NOTES.md").write_text("mine")
+  (b / "RELEASE_NOTES.txt").write_text("mine")
   (b / "modeld-msm.pub").write_text("ed25519 00")
   err = _one_line_error(run_cli("release", "--vision", tmp_path / "v.onnx", "--policy", tmp_path / "p.onnx", "-o", b))
-  assert "also holds RELEASE_NOTES.md, modeld-msm.pub" in err, err
-  assert (b / "RELEASE_NOTES.md").read_text() == "mine"
+  assert "also holds RELEASE_NOTES.txt, modeld-msm.pub" in err, err
+  assert (b / "RELEASE_NOTES.txt").read_text() == "mine"
 
 
 def test_models_and_train_dm_do_not_overwrite_model_files_without_force(tmp_path):
