@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# input roles: a camera frame (flat uint8 NV12, its size the artifact's camera), an array the host writes in place every
-# frame, or state the programs keep on the device between frames
-FRAME, HOST, STATE = "frame", "host", "state"
+# input roles: a camera frame (flat uint8 NV12, its size the artifact's camera) or an array the host writes in place every
+# frame; state the programs keep on the device between frames is no argument: the artifact records it apart ("states")
+FRAME, HOST = "frame", "host"
 
 
 @dataclass(frozen=True)
 class IO:
   name: str
-  role: str = HOST                          # inputs: FRAME / HOST / STATE; outputs: "output"
+  role: str = HOST                          # inputs: FRAME / HOST; outputs: "output"
   shape: tuple[int, ...] | None = None      # None: a frame, flat, as many bytes as the camera's NV12 layout
   dtype: str = "float32"
   slices: str | None = None                 # outputs: which model's output_slices cut it (metadata "models")
@@ -62,10 +62,6 @@ class Kind:
 
   def program(self, role: str) -> Program:
     return next(p for p in self.programs if p.role == role)
-
-  @property
-  def files(self) -> tuple[str, ...]:
-    return tuple(p.file for p in self.programs)
 
   def specs(self) -> dict[str, dict]:
     """The programs as the artifact's metadata records them."""
