@@ -52,6 +52,8 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
     either = ", ".join(k.name for k in kinds.KINDS.values() if k.openpilot_choice)
     raise UserError(f"--openpilot {openpilot}: {kind.contract} is {kind.openpilot}'s {'driving ' if kind.process == 'modeld' else ''}model and "
                     f"builds with its flags; --openpilot chooses only for a model that runs under both ({either})")
+  if search and not recipe.has_search:
+    raise UserError(f"--search is the shipped kernel search of the 0.11 driving model; the {kind.title}'s compile has none")
   compute, why, use_layout, layout_why = compile_options(device, precision, layout)
   out_dir = Path(out_dir)
   report = CompileReport(out_dir)
@@ -60,8 +62,6 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
   sessions = {m: preflight.ort_session(i) for m, i in infos.items()}
   report.checks.append(("model contract", "ok", recipe.contract_line(infos)))
   searched, search_why = recipe.search(device, compute, use_layout, camera, infos, search)
-  if search and search_why is None:
-    raise UserError(f"--search is the shipped kernel search of a kind that has one; the {kind.title}'s compile has none")
   # one line with the precision: how the program is lowered, not a separate check (the release counts checks)
   report.checks.append(("precision", "ok", f"{compute}: {why}; cpu layout {'on' if use_layout else 'off'} ({layout_why})"
                         + (f"; kernel search: {search_why}" if search_why is not None else "")))

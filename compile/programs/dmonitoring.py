@@ -24,6 +24,7 @@ CI_DM_MS = 11.0
 
 class Recipe:
   plan = "P" * STEPS
+  has_search = False
 
   def __init__(self, kind: Kind):
     self.kind = kind

@@ -65,6 +65,7 @@ def _host(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 class Recipe:
   plan = STEP_PLAN
+  has_search = True   # a shipped kernel search (compile/cpu/search.py) exists for it
 
   def __init__(self, kind: Kind):
     self.kind = kind

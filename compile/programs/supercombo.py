@@ -24,6 +24,7 @@ CI_MS = {"QCOM compiler": 26.0, "IR3": 41.0}
 
 class Recipe:
   plan = STEP_PLAN
+  has_search = False
 
   def __init__(self, kind: Kind):
     self.kind = kind
