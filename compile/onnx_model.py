@@ -245,13 +245,14 @@ def _dtype_name(value_info) -> str:
 
 def _checker(model, kind: str, path: Path, full: bool, hint: dict[str, str] | None = None) -> None:
   """onnx.checker; full: also strict type and shape inference through the graph (what onnxruntime checks when it loads).
-  hint: input name -> a likely cause, given only when the checker's message names that input."""
+  hint: input name -> a likely cause, given when the checker's message names that input (or is a type conflict naming none)."""
   import onnx
   try:
     onnx.checker.check_model(model, full_check=full)
   except Exception as e:
     why = (str(e).strip().splitlines() or [""])[0][:300]
-    named = [h for name, h in (hint or {}).items() if name in str(e)]
+    # a hint where the message names its input, or, for a type conflict that names none, every candidate
+    named = [h for name, h in (hint or {}).items() if name in str(e)] or (list((hint or {}).values()) if "inconsistent type" in str(e) else [])
     hint_text = f" ({', '.join(named)}?)" if named else ""
     raise UserError(f"{kind} model {path} is not a valid ONNX model ({type(e).__name__}: {why}){hint_text}; the file is damaged or was "
                     "edited: re-download or regenerate it") from None

@@ -85,10 +85,8 @@ def test_an_artifact_of_ours_and_an_empty_folder_are_replaceable(cpu_artifact_19
     check_replaceable(tmp_path / "dangling", markers, "artifact")
 
 
-@pytest.mark.parametrize("command", ["replay", "compile"])
-def test_no_device_while_a_command_loads_is_one_line(tmp_path, command):
-  """Under a file-size limit (a full disk) tinygrad opens no device; the command modules pick tinygrad's default device at
-  import (tinygrad.nn.onnx builds tensors then), before the command runs: still one line, exit 2."""
+def _under_a_file_size_limit(tmp_path, *args: str):
+  """`modeld-msm ARGS` under a 20 KB file-size limit (a full disk): tinygrad can open no device, its caches unwritable."""
   import resource
   import signal
   import subprocess
@@ -99,9 +97,24 @@ def test_no_device_while_a_command_loads_is_one_line(tmp_path, command):
     resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, 20 * 1024))
   env = {**os.environ, "CACHEDB": str(tmp_path / "cache.db"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
   env.pop("DEV", None)
-  r = subprocess.run([sys.executable, "-m", "cli.main", command, "--help"], capture_output=True, text=True, timeout=120,
-                     cwd=Path(__file__).resolve().parents[1], env=env, preexec_fn=limited)
+  return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True, text=True, timeout=300,
+                        cwd=Path(__file__).resolve().parents[1], env=env, preexec_fn=limited)
+
+
+@pytest.mark.parametrize("command", ["replay", "compile"])
+def test_a_commands_help_opens_no_device(tmp_path, command):
+  """The command modules load no model code (tinygrad.nn.onnx opens its default device at import): --help works even
+  where no device can be opened."""
+  r = _under_a_file_size_limit(tmp_path, command, "--help")
+  assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
+
+
+def test_no_device_while_compiling_is_one_line(tmp_path, tiny_models):
+  """Under a file-size limit tinygrad opens no device once the compile loads the models: one line, exit 2, nothing written."""
+  r = _under_a_file_size_limit(tmp_path, "compile", "--vision", tiny_models / "driving_vision.onnx", "--policy",
+                               tiny_models / "driving_policy.onnx", "-o", tmp_path / "out")
   _refused(r, "tinygrad could open no device", "free space")
+  assert not (tmp_path / "out").exists()
 
 
 def test_output_into_a_closed_pipe_is_a_quiet_stop(cpu_artifact_1928):
