@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import pickle
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,10 @@ def _checker(model, kind: str, path: Path, full: bool, hint: dict[str, str] | No
     onnx.checker.check_model(model, full_check=full)
   except Exception as e:
     why = (str(e).strip().splitlines() or [""])[0][:300]
-    named = [h for name, h in (hint or {}).items() if name in str(e)]
+    # the hint where the error is about that input: named in it, or an input of the node it names
+    m = re.search(r"node name: ([^)]+)\)", str(e))
+    fed = {i for n in model.graph.node if m and n.name == m.group(1).strip() for i in n.input}
+    named = [h for name, h in (hint or {}).items() if name in str(e) or name in fed]
     hint_text = f" ({', '.join(named)}?)" if named else ""
     raise UserError(f"{kind} model {path} is not a valid ONNX model ({type(e).__name__}: {why}){hint_text}; the file is damaged or was "
                     "edited: re-download or regenerate it") from None
