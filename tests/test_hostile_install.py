@@ -335,3 +335,26 @@ def test_install_onto_a_full_disk_is_one_line_and_rolls_back(op, tmp_path):
                      timeout=300, preexec_fn=limit)
   assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
   assert tree_state(op) == before
+
+
+# ---- what the mutation pass found unpinned ----
+
+def test_printable_shows_control_characters_escaped():
+  from release.bundle import printable
+  assert printable("a\nb\x1b[31m") == "a\\nb\\x1b[31m"
+  assert printable("x" * 100, limit=10) == "x" * 10 + "..."
+
+
+def test_the_key_id_is_16_hex_digits_of_the_keys_sha256():
+  from artifact.signing import key_id
+  assert key_id(bytes(32)) == "66687aadf862bd77"   # sha256 of 32 zero bytes, first 16 hex digits
+
+
+def test_modeld_pubkey_from_the_environment_is_required(tmp_path, keys, monkeypatch):
+  from release.bundle import verify_bundle
+  _, pub = keys
+  b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
+  verify_bundle(b, smoke=False)
+  monkeypatch.setenv("MODELD_PUBKEY", str(pub))
+  with pytest.raises(UserError, match="is not signed"):
+    verify_bundle(b, smoke=False)
