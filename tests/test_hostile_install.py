@@ -393,5 +393,5 @@ def test_missing_dm_smoke_data_names_the_driver_monitoring_artifact(tmp_path):
   bundle = Bundle(b, json.loads((b / "bundle.json").read_text()))
   with pytest.raises(UserError, match="no smoke data for dmonitoring 1928x1208"):
     check_smoke_files(bundle, "1928x1208", "dmonitoring")
-  with pytest.raises(UserError, match="no smoke data for 1928x1208;"):
+  with pytest.raises(UserError, match="no smoke data for 1928x1208 \\("):
     check_smoke_files(bundle, "1928x1208")
