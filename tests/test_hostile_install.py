@@ -395,3 +395,8 @@ def test_missing_dm_smoke_data_names_the_driver_monitoring_artifact(tmp_path):
     check_smoke_files(bundle, "1928x1208", "dmonitoring")
   with pytest.raises(UserError, match="no smoke data for 1928x1208 \\("):
     check_smoke_files(bundle, "1928x1208")
+
+
+def test_human_size():
+  from release.bundle import human_size
+  assert [human_size(n) for n in (5, 1500, 2_500_000, 3e12)] == ["5 B", "1.5 kB", "2.5 MB", "3000.0 GB"]
