@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import pickle
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,14 +246,16 @@ def _dtype_name(value_info) -> str:
 
 def _checker(model, kind: str, path: Path, full: bool, hint: dict[str, str] | None = None) -> None:
   """onnx.checker; full: also strict type and shape inference through the graph (what onnxruntime checks when it loads).
-  hint: input name -> a likely cause, given when the checker's message names that input (or is a type conflict naming none)."""
+  hint: input name -> a likely cause, given only when the checker's message is about that input."""
   import onnx
   try:
     onnx.checker.check_model(model, full_check=full)
   except Exception as e:
     why = (str(e).strip().splitlines() or [""])[0][:300]
-    # a hint where the message names its input, or, for a type conflict that names none, every candidate
-    named = [h for name, h in (hint or {}).items() if name in str(e)] or (list((hint or {}).values()) if "inconsistent type" in str(e) else [])
+    # the hint where the error is about that input: named in it, or an input of the node it names
+    m = re.search(r"node name: ([^)]+)\)", str(e))
+    fed = {i for n in model.graph.node if m and n.name == m.group(1).strip() for i in n.input}
+    named = [h for name, h in (hint or {}).items() if name in str(e) or name in fed]
     hint_text = f" ({', '.join(named)}?)" if named else ""
     raise UserError(f"{kind} model {path} is not a valid ONNX model ({type(e).__name__}: {why}){hint_text}; the file is damaged or was "
                     "edited: re-download or regenerate it") from None

@@ -41,7 +41,8 @@ class Case:
   name: str
   argv: Callable[[Workspace], list[str]]          # the command line after `modeld-msm`
   expect: str = "error"                           # "error": bad input; "ok": a control that must succeed; "either": input a tool
-                                                  # cannot tell from good (a flipped weight byte), so a clean run or a clear error
+                                                  # cannot tell from good (a flipped weight byte), so a clean run or a clear error;
+                                                  # "fail verdict": a check that must answer FAIL (exit 1, "verdict: FAIL")
   outputs: Callable[[Workspace], list[Path]] = lambda ws: []   # paths the command may create: must not exist after a failure
   setup: Callable[[Workspace], None] = lambda ws: None
   readonly: Callable[[Workspace], Path] | None = None   # a folder made read-only for the run
@@ -312,7 +313,7 @@ def catalogue() -> list[Case]:
                                                               "--allow-cpu"]))
   s(Case("verify smoke name leaves the bundle", lambda ws: ["verify", _bundle_edited(
     ws, "b-escape", lambda i: i["artifacts"]["1928x1208"]["smoke"]["files"].update({"../../../../etc/passwd": "0" * 64}))]))
-  s(Case("smoke forged tolerance", lambda ws: ["smoke", "--bundle", _forged_smoke(ws), "--skip-doctor"], timeout=300))
+  s(Case("smoke forged tolerance", lambda ws: ["smoke", "--bundle", _forged_smoke(ws), "--skip-doctor"], expect="fail verdict", timeout=300))
   s(Case("compile -o our artifact with user notes", lambda ws: comp(ws, out=_with_notes(_copy_tree(ws.art, ws.s("ours-notes"))))))
   for case in slow:
     case.quick = False
@@ -518,6 +519,9 @@ def _run_once(case: Case, ws: Workspace) -> Result:
     return Result(case, "half", rc, dt, f"left behind: {(leftovers + made)[0]}")
   if case.expect == "ok":
     return Result(case, "ok" if rc == 0 else "silent", rc, dt, "" if rc == 0 else f"a control case failed: {err_tail[:160]}")
+  if case.expect == "fail verdict":   # a check that must say FAIL (exit 1, its verdict on stdout) rather than refuse the input
+    verdict = next((ln for ln in out.splitlines() if ln.startswith("verdict:")), "")
+    return Result(case, "clear" if rc == 1 and "FAIL" in verdict else "silent", rc, dt, verdict[:160] or f"exit {rc}, no verdict")
   if rc == 0 and case.interrupt_after is not None and not interrupted:
     return Result(case, "ok", rc, dt, FINISHED_FIRST)
   if rc == 0:

@@ -335,3 +335,68 @@ def test_install_onto_a_full_disk_is_one_line_and_rolls_back(op, tmp_path):
                      timeout=300, preexec_fn=limit)
   assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
   assert tree_state(op) == before
+
+
+# ---- what the mutation pass found unpinned ----
+
+def test_printable_shows_control_characters_escaped():
+  from release.bundle import printable
+  assert printable("a\nb\x1b[31m") == "a\\nb\\x1b[31m"
+  assert printable("x" * 100, limit=10) == "x" * 10 + "..."
+
+
+def test_the_key_id_is_16_hex_digits_of_the_keys_sha256():
+  from artifact.signing import key_id
+  assert key_id(bytes(32)) == "66687aadf862bd77"   # sha256 of 32 zero bytes, first 16 hex digits
+
+
+def test_modeld_pubkey_from_the_environment_is_required(tmp_path, keys, monkeypatch):
+  from release.bundle import verify_bundle
+  _, pub = keys
+  b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
+  verify_bundle(b, smoke=False)
+  monkeypatch.setenv("MODELD_PUBKEY", str(pub))
+  with pytest.raises(UserError, match="is not signed"):
+    verify_bundle(b, smoke=False)
+
+
+def _add_smoke(b: Path, cam: str = "1928x1208") -> Path:
+  """Smoke files (placeholder bytes) listed by their hashes in bundle.json, as the release build records them."""
+  import hashlib
+  d = b / "smoke" / cam
+  d.mkdir(parents=True)
+  files = {}
+  for n in ("frames.nv12.zst", "inputs.npz", "expected.npz", "smoke.json"):
+    (d / n).write_bytes(n.encode())
+    files[n] = hashlib.sha256(n.encode()).hexdigest()
+  idx = json.loads((b / "bundle.json").read_text())
+  idx["artifacts"][cam]["smoke"] = {"files": files}
+  (b / "bundle.json").write_text(json.dumps(idx))
+  return d
+
+
+def test_sign_refuses_smoke_files_that_do_not_match_their_hashes(tmp_path, keys):
+  from release.bundle import sign_bundle, verify_bundle
+  priv, pub = keys
+  b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
+  d = _add_smoke(b)
+  sign_bundle(b, priv)
+  verify_bundle(b, pubkey=pub)   # the control: signed as it is
+  (d / "expected.npz").write_bytes(b"edited")
+  with pytest.raises(UserError, match="expected.npz does not match the hash"):
+    sign_bundle(b, priv)   # a signature vouches for what is there, never for an edit
+
+
+def test_missing_dm_smoke_data_names_the_driver_monitoring_artifact(tmp_path):
+  from release.bundle import Bundle, check_smoke_files
+  b = make_bundle(tmp_path / "b", cameras=("1928x1208",), dm=("1928x1208",))
+  bundle = Bundle(b, json.loads((b / "bundle.json").read_text()))
+  with pytest.raises(UserError, match="no smoke data for dmonitoring 1928x1208"):
+    check_smoke_files(bundle, "1928x1208", "dmonitoring")
+  with pytest.raises(UserError, match="no smoke data for 1928x1208 \\("):
+    check_smoke_files(bundle, "1928x1208")
+
+
+def test_human_size():
+  from release.bundle import human_size
+  assert [human_size(n) for n in (5, 1500, 2_500_000, 3e12)] == ["5 B", "1.5 kB", "2.5 MB", "3000.0 GB"]
