@@ -87,7 +87,7 @@ def test_release_records_smoke_data_provenance_and_a_summary(cpu_bundle, tiny_mo
   assert "s] [release] 1/1 1928x1208 on CPU" in printed and "smoke frame 100/100" in printed
   header, rule, row = printed.split("\n\n")[1].splitlines()[:3]
   assert header.split() == ["camera", "target", "seconds", "size", "checks"] and set(rule) == {"-"}
-  assert row.split()[:2] == [CAM, "CPU"] and "MB" in row and "7 passed" in row
+  assert row.split()[:2] == [CAM, "CPU"] and "MB" in row and "8 passed" in row   # 7 compile checks (runtime parse included) + smoke
 
 
 def test_smoke_passes_on_the_bundle_it_was_recorded_from(cpu_bundle):
