@@ -3,12 +3,12 @@
 A kind is a contract between a compiled artifact and the process that serves it: the ONNX models it is compiled from, the
 programs it holds, and each program's inputs and outputs by name, dtype, shape and role. The compile writes these specs into
 the artifact's metadata ("programs"); the loader checks them against the kind's and the runtime binds its buffers by name,
-so no code anywhere knows a program's argument order.
+so no code reads a program's argument order but from the artifact (the compile checks the programs' signatures against it).
 
-What is behaviour rather than data is found from the kind by its name in the floor that owns it: the program a compile
-builds is `compile.programs.<name>`, the reference model `compile.refmodels.driving`' builder of that name, and the process that
-serves it is `process` (modeld runs every kind whose process is "modeld"). The kind names stand as literals here and
-where a user types them.
+What is behaviour rather than data is found from the kind by its name in the floor that owns it: its compile recipe (the
+program it builds, its step plan, its reference models) is `compile.programs.<name>`, and the process that serves it is
+`process` (modeld runs every kind whose process is "modeld"). The kind names stand as literals here and where a user types
+them.
 """
 from __future__ import annotations
 
