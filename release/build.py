@@ -55,7 +55,7 @@ def build_bundle(vision: Path | None, policy: Path | None, device: str, out: Pat
   driving_kind = (kinds.of_model(detect_contract(model) or "supercombo") or kinds.DEFAULT) if model is not None else kinds.DEFAULT
   if model is not None and driving_kind.process != "modeld":
     raise UserError(f"--model {model} is the {driving_kind.title}; pass it as --dmonitoring, beside the driving model")
-  builds = [(driving_kind, {"supercombo": model} if model is not None else {"vision": vision, "policy": policy}, smoke_frames)]
+  builds = [(driving_kind, {driving_kind.models[0]: model} if model is not None else {"vision": vision, "policy": policy}, smoke_frames)]
   if dmonitoring is not None:
     builds.append((kinds.of_model("dmonitoring"), {"dmonitoring": dmonitoring}, dm_smoke_frames))
   for kind, models, _ in builds:

@@ -25,7 +25,7 @@ def test_stateful_model_releases_smokes_replays_and_installs(tmp_path):
   seg = tmp_path / "seg"
   assert run_cli("synth", "-o", seg, "--seconds", "2", "--camera", "1344x760", "--quiet", timeout=300).returncode == 0
   out = tmp_path / "replay" / "seg.zst"
-  rp = run_cli("replay", seg, "--artifact", bundle, "-o", out.parent, "--quiet", timeout=600)
+  rp = run_cli("replay", seg, "--artifact", bundle / "1344x760", "-o", out.parent, "--quiet", timeout=600)
   assert rp.returncode == 0, rp.stderr[-3000:]
   acc = json.loads(out.with_name("seg.zst.accuracy.json").read_text())
   assert acc["frames"] >= 20, acc
