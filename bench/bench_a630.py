@@ -73,11 +73,11 @@ class Dispatched:
   groups: tuple[int, int, int]
 
 
-def build(size: str, work: Path, kinds) -> dict[str, Path]:
+def build(size: str, work: Path, wanted) -> dict[str, Path]:
   cli = [sys.executable, "-m", "cli.main"]
   m = work / "models"
   out = {}
-  for kind in kinds:
+  for kind in wanted:
     art = work / kind
     if (art / "manifest.json").exists():
       print(f"using the {size} {kind} artifact compiled before in {art}")
