@@ -51,7 +51,7 @@ class FrameTensors:
   def _say(self, why: str) -> None:
     if why not in self._said:   # once per reason: a copy every frame must not log every frame
       self._said.add(why)
-      log.warning("camera frames are copied into GPU memory: %s", why)
+      log.info("camera frames are copied into GPU memory: %s", why)   # the processes log INFO; a tool's one-line errors stay one line
 
   def _import(self, fd: int):
     """A tensor whose device buffer is the camera's dma-buf itself (QCOM over msm: PRIME import, one GPU address per

@@ -175,7 +175,7 @@ class ArtifactSource:
     self.path, self.process = Path(path), process
     self.single = verify_artifact(path, process=process) if (self.path / MANIFEST).exists() else None
     served = kinds.served_by(process)
-    if self.single is None and all(k.bundle_dir for k in served) and not any((self.path / k.bundle_dir).glob(f"*/{MANIFEST}") for k in served):
+    if self.single is None and all(k.bundle_dir for k in served) and not any(any((self.path / k.bundle_dir).glob(f"*/{MANIFEST}")) for k in served):
       # a bundle without this process's artifacts is refused now, not once a camera shows up
       raise UserError(f"bundle {path} has no {served[0].name} artifacts (no {served[0].bundle_dir}/<w>x<h>/{MANIFEST}); build it with "
                       f"`modeld-msm release {served[0].compile_flags} ...`, or pass an artifact of that kind")

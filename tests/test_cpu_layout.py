@@ -201,7 +201,7 @@ def test_code_fingerprint_is_the_same_under_every_python_here():
   others = list(dict.fromkeys(p for p in found if p))
   if not others:
     pytest.skip("no other Python (3.10, 3.12, 3.13 on PATH or under ~/.pyenv) to compare with")
-  src = Path(cpu_search.__file__).parent
+  src = Path(cpu_search.__file__).parents[1]   # the sources are named under compile/
   texts = [(src / n).read_text() for n in cpu_search.KERNEL_SOURCES]
   prog = (f"from typing import Any\n{inspect.getsource(cpu_search._dump)}\n{inspect.getsource(cpu_search.fingerprint_of)}\n"
           "import json, sys\nprint(fingerprint_of(json.load(sys.stdin)))\n")
@@ -255,7 +255,7 @@ def test_install_puts_the_opts_where_tinygrads_search_reads_them(tmp_path):
   """In a child with its own cache file: what install writes, tinygrad's beam-search cache lookup returns as Opts."""
   entry = {"ast": "ab" * 32, "allow_test_size": True, "device": "CPU", "suffix": "", "opts": [["UPCAST", 0, 4], ["UNROLL", 1, 4]]}
   recorded = {"beam": 1, "entries": [entry]}
-  code = ("import json, sys; from compile import cpu_search; from tinygrad.helpers import diskcache_get; "
+  code = ("import json, sys; from compile.cpu import search as cpu_search; from tinygrad.helpers import diskcache_get; "
           f"print(cpu_search.install(json.loads({json.dumps(recorded)!r}))); "
           "print(diskcache_get('beam_search', {'ast': bytes.fromhex('ab' * 32), 'amt': 1, 'allow_test_size': True, 'device': 'CPU', 'suffix': ''}))")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
@@ -299,13 +299,14 @@ def test_store_replaces_its_own_set_and_drops_sets_of_other_kernel_code(tmp_path
 
 def test_code_fingerprint_follows_code_not_its_text(tmp_path, monkeypatch):
   """A docstring or comment fixed in the kernel-shaping sources keeps the recorded sets; a changed line of code retires them."""
-  src = Path(cpu_search.__file__).parent
+  src = Path(cpu_search.__file__).parents[1]   # the sources are named under compile/
   for name in cpu_search.KERNEL_SOURCES:
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / name).write_text((src / name).read_text())
-  monkeypatch.setattr(cpu_search, "__file__", str(tmp_path / "cpu_search.py"))
+  monkeypatch.setattr(cpu_search, "__file__", str(tmp_path / "cpu" / "search.py"))
   base = cpu_search.code_fingerprint()
   assert base == cpu_search.code_fingerprint()
-  f = tmp_path / "cpu_pointwise.py"
+  f = tmp_path / "cpu" / "pointwise.py"
   text = f.read_text()
   f.write_text(text.replace('"""Pointwise (1x1)', '"""Reworded. Pointwise (1x1)', 1).replace("# a tile is", "# reworded: a tile is", 1))
   assert f.read_text() != text and cpu_search.code_fingerprint() == base

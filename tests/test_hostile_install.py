@@ -126,7 +126,7 @@ def test_sigterm_during_the_install_copy_leaves_the_checkout_as_it_was(op, tmp_p
 
 
 def test_sigterm_during_a_release_build_leaves_no_temp_folder(tmp_path):
-  from compile.refmodels import write_models
+  from compile.refmodels.driving import write_models
   write_models(tmp_path / "m", "tiny", 0)
   out = tmp_path / "out"
   r = _stopped_by_sigterm("release.build", "compile_artifact", "release.build",

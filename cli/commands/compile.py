@@ -41,7 +41,7 @@ def _kind_and_models(args) -> tuple[kinds.Kind, dict[str, str]]:
   """The kind the given files are (the pair: 0.11's driving model; --model: whatever contract its inputs say) and its models."""
   single = [(flag, path) for flag, path in (("--model", args.model), ("--dmonitoring", args.dmonitoring)) if path]
   if args.dmonitoring and (args.vision or args.policy or args.model):
-    raise UserError("--dmonitoring builds an artifact of its own; compile the driving model into another -o")
+    raise UserError("--dmonitoring builds an artifact of its own; compile the driving model (--vision/--policy or --model) into another -o")
   if args.model and (args.vision or args.policy):
     raise UserError("--model is a one-file model, in place of 0.11's --vision/--policy pair; pass one or the other")
   if not single:
