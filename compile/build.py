@@ -150,6 +150,6 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
   return report
 
 
-def reload_programs(files: dict[str, bytes]) -> list:
+def reload_programs(files: dict[str, bytes]) -> tuple:
   """The pickled programs loaded back as the car loads them: through the allowlisted unpickler, never pickle itself."""
   return unpickle_programs(*files.values(), names=tuple(files))

@@ -37,7 +37,9 @@ def run(camera: str, seconds: float, seed: int, server: str = "camerad", period_
   master_names: publish under openpilot master's names since 2026-09 only (narrowRoadCameraState, cabinCameraState,
   extrinsicsCalibration, lateralDelay; the streams NARROW_ROAD and CABIN, the same ids), as that openpilot's camerad does."""
   name = {old: new for new, old in RENAMED.items()} if master_names else {}
-  svc = lambda s: name.get(s, s)   # noqa: E731
+
+  def svc(service: str) -> str:
+    return name.get(service, service)
   w, h = parse_camera(camera)
   info = nv12_info(w, h)
   scene = RoadScene(seed, camera)

@@ -55,9 +55,10 @@ def build_bundle(vision: Path | None, policy: Path | None, device: str, out: Pat
   driving_kind = (kinds.of_model(detect_contract(model) or "supercombo") or kinds.DEFAULT) if model is not None else kinds.DEFAULT
   if model is not None and driving_kind.process != "modeld":
     raise UserError(f"--model {model} is the {driving_kind.title}; pass it as --dmonitoring, beside the driving model")
-  builds = [(driving_kind, {driving_kind.models[0]: model} if model is not None else {"vision": vision, "policy": policy}, smoke_frames)]
+  driving_models: dict[str, str | Path] = {driving_kind.models[0]: model} if model is not None else {"vision": vision, "policy": policy}  # type: ignore[dict-item]
+  builds: list[tuple[kinds.Kind, dict[str, str | Path], int]] = [(driving_kind, driving_models, smoke_frames)]
   if dmonitoring is not None:
-    builds.append((kinds.of_model("dmonitoring"), {"dmonitoring": dmonitoring}, dm_smoke_frames))
+    builds.append((kinds.KINDS["dmonitoring"], {"dmonitoring": dmonitoring}, dm_smoke_frames))
   for kind, models, _ in builds:
     if len(kind.models) == 1:
       load_model_info(models[kind.models[0]], kind.models[0])   # a wrong file is refused now, not after minutes of compiling
