@@ -40,8 +40,10 @@ class ModelState:
     self._warm_up()
 
   def _load(self) -> None:
-    jits = load_programs(self.artifact)
-    self.programs = {role: NamedProgram(jit, *reversed(self.artifact.program(role))) for role, jit in jits.items()}
+    self.programs = {}
+    for role, jit in load_programs(self.artifact).items():
+      file, spec = self.artifact.program(role)
+      self.programs[role] = NamedProgram(jit, spec, file)
     for p in self.programs.values():
       p.require(PROVIDED)
     # a kind without a warp program (master's stateful model) runs the whole step on every frame, dropped ones before it or not

@@ -47,9 +47,10 @@ def test_driving_frame_adds_up(qcom_artifact, tmp_path):
 @pytest.mark.slow
 def test_every_kind_at_tiny_size_adds_up(tmp_path):
   out, report, rows = _bench(tmp_path, "--work", str(tmp_path / "work"))
-  _check(report, rows, ["driving", "supercombo", "dmonitoring"])
+  _check(report, rows, ["driving", "supercombo", "stateful", "dmonitoring"])   # every kind of the registry
   assert len(report["calibration"]) == 3 and "not comparable" in report["calibration"][0]["source"]
   # the combined model is the pair fused: pruned like the pair's, its frame replays no constant weight re-layouts (unpruned,
   # the tiny one dispatched 127 against the pair's 95)
   m = report["models"]
   assert m["supercombo"]["dispatches"] <= m["driving"]["dispatches"] + 8
+  assert m["stateful"]["dispatches"] <= m["driving"]["dispatches"] + 8   # pruned the same way (states read per frame)

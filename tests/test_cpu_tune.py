@@ -83,7 +83,7 @@ def test_a_set_started_by_the_tuner_compiles_without_a_search(tmp_path):
     from compile.build import compile_artifact
     from compile.refmodels.driving import write_models
     m = write_models(Path({str(tmp_path / "models")!r}), "tiny", 0)
-    models = {"vision": m["vision"].path, "policy": m["policy"].path}
+    models = {{"vision": m["vision"].path, "policy": m["policy"].path}}
     compile_artifact("driving", models, (1928, 1208), "CPU", Path({str(tmp_path / "art")!r}), log=lambda *_: None)
     meta = json.loads((Path({str(tmp_path / "art")!r}) / "metadata.json").read_text())
     print(json.dumps({{"set": s, "search": meta["search"], "stored": json.loads(table.read_text())}}))
