@@ -56,7 +56,7 @@ def test_a_refused_import_falls_back_to_copies_and_says_why_once(caplog):
   m, data = camera_buffer(fd)
   visionipc.register_dmabuf(data, fd)
   try:
-    with caplog.at_level(logging.WARNING, logger="modeld"):
+    with caplog.at_level(logging.INFO, logger="modeld"):
       data[:] = 7
       t = ft.get("road", data, upload=True)
       assert t.uop.buffer._buf.meta.imported is None and int(t[:4].numpy().sum()) == 28   # a device copy of the frame
@@ -76,7 +76,7 @@ def test_a_buffer_that_is_no_dma_buf_is_copied_and_says_so_once(caplog):
   dev = fresh_device("kernel")
   ft = FrameTensors(dev.device, INFO)
   frame = np.full(INFO.size, 3, np.uint8)   # not from VisionIPC at all (replay, a test): nothing to import
-  with caplog.at_level(logging.WARNING, logger="modeld"):
+  with caplog.at_level(logging.INFO, logger="modeld"):
     t = ft.get("road", frame, upload=True)
     ft.get("road", frame, upload=True)
   assert int(t[:2].numpy().sum()) == 6 and not dev.iface.imports
