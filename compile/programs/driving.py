@@ -52,6 +52,14 @@ def driving_inputs(nv: NV12Info, device: str, seed: int, steps: int) -> StepInpu
                      for i in range(steps)), frames)
 
 
+def with_action_t(nv: NV12Info, device: str, seed: int, steps: int) -> StepInputs:
+  """driving_inputs plus an action_t per step ([[lateral, longitudinal]] delays in s), for the kinds of master that read it."""
+  base = driving_inputs(nv, device, seed, steps)
+  rng = np.random.default_rng(seed + 1)
+  action_t = [np.array([[rng.uniform(0.1, 0.5), rng.uniform(0.3, 0.8)]], np.float32) for _ in range(steps)]
+  return StepInputs(({**b, "action_t": a} for b, a in zip(base, action_t)), base.buffers)
+
+
 def _host(rng: np.random.Generator) -> dict[str, np.ndarray]:
   tfm = np.array([[2.9, 0.0, 219.0], [0.0, 2.9, 465.0], [0.0, 0.0, 1.0]], np.float32)
   tfm[:2] += rng.normal(0, [[0.05, 0.05, 30.0]], (2, 3)).astype(np.float32)

@@ -6,13 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from artifact.kinds import Kind
-from compile.checks import StepInputs
 from compile.onnx_model import OnnxModelInfo
 from compile.programs import one_model
-from compile.programs.driving import driving_inputs
+from compile.programs.driving import with_action_t
 from compile.programs.supercombo_step import SupercomboProgram
 from selfdrive_glue.nv12 import NV12Info
 
@@ -58,10 +55,7 @@ class Recipe:
 
   def inputs(self, nv: NV12Info, device: str, seed: int) -> list[dict[str, Any]]:
     """The driving compile's seeded frames and host inputs, plus an action_t per step (lateral, longitudinal delays in s)."""
-    base = driving_inputs(nv, device, seed, len(STEP_PLAN))
-    rng = np.random.default_rng(seed + 1)
-    action_t = [np.array([[rng.uniform(0.1, 0.5), rng.uniform(0.3, 0.8)]], np.float32) for _ in STEP_PLAN]
-    return StepInputs(({**b, "action_t": a} for b, a in zip(base, action_t)), base.buffers)
+    return with_action_t(nv, device, seed, len(STEP_PLAN))
 
   def jit_line(self, runs: int) -> str:
     return (f"outputs and 4 queues bit-exact over {len(STEP_PLAN)} steps ({runs} runs: past features fed back on the device), rotating "
