@@ -11,10 +11,24 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 DEFAULT_CHUNK_US = 2500.0   # bench_gpu_priority --executed: no vsync miss with 2.5 ms chunks at 60 Hz
 _costs: dict[str, float] = {}
+_gate: Callable[[], object] | None = None
 log = logging.getLogger(__name__)
+
+
+def set_submit_gate(gate: Callable[[], object] | None) -> None:
+  """A call made before every chunk is given to the kernel (None: none). The process above sets it (dmonitoringmodeld's
+  GPU turn, modeld_msm/gpu_turn.py, holds its chunks back while modeld's frame is in flight); it must bound its own wait."""
+  global _gate
+  _gate = gate
+
+
+def before_submit() -> None:
+  if _gate is not None:
+    _gate()
 
 
 def set_kernel_costs(costs: dict[str, float]) -> None:

@@ -28,6 +28,7 @@ from tinygrad.runtime.autogen import libc
 from tinygrad.runtime.support.hcq import FileIOInterface
 from tinygrad.uop.ops import sym_infer
 
+from backend import chunking
 from backend import uapi as u
 from backend.intervals import IntervalIndex
 from backend.va import VaAllocator
@@ -439,6 +440,7 @@ class MSMIface:
   def pump(self) -> None:
     """Gives pending jobs to the kernel while fewer than `inflight` are there."""
     while self.pending and len(self.inflight) < self.settings.inflight:
+      chunking.before_submit()   # between chunks: another process's turn on the GPU may hold this one back (bounded)
       job = self.pending.popleft()
       self._cmd.size = job.size
       if self.vm_bind:

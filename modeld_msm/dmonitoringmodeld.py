@@ -34,7 +34,8 @@ def choose_streams(available: set[int]) -> runner.StreamChoice | None:
 def process() -> runner.ModelProcess:
   def make_core(art: VerifiedArtifact) -> DMonitoringCore:
     return DMonitoringCore(art)
-  return runner.ModelProcess("dmonitoringmodeld", SUBSCRIBED, PUBLISHED, RT_CORE, RT_PRIORITY, choose_streams, make_core)
+  return runner.ModelProcess("dmonitoringmodeld", SUBSCRIBED, PUBLISHED, RT_CORE, RT_PRIORITY, choose_streams, make_core,
+                            gpu_turn="follow")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

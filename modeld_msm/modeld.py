@@ -73,7 +73,7 @@ def load_car_params(path: str | None, use_params: bool = True):
 def process(car_params=None) -> runner.ModelProcess:
   def make_core(art: VerifiedArtifact) -> ModeldCore:
     return ModeldCore(art, car_params=car_params)
-  return runner.ModelProcess("modeld", SUBSCRIBED, PUBLISHED, RT_CORE, RT_PRIORITY, choose_streams, make_core)
+  return runner.ModelProcess("modeld", SUBSCRIBED, PUBLISHED, RT_CORE, RT_PRIORITY, choose_streams, make_core, gpu_turn="lead")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

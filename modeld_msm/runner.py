@@ -21,6 +21,7 @@ from typing import Protocol
 
 from artifact import kinds
 from artifact.format import MANIFEST, VerifiedArtifact, require_camera, resolve_artifact, verify_artifact
+from modeld_msm import gpu_turn
 from modeld_msm.frames import OUT_OF_SYNC_NS, Frame, older_capture, still_paired_capture
 from selfdrive_glue import messaging
 from selfdrive_glue.argtypes import integer
@@ -70,7 +71,7 @@ class ModelProcess:
   rt_priority: int
   choose_streams: Callable[[set[int]], StreamChoice | None]   # the streams camerad offers -> what to read (None: wait)
   make_core: Callable[[VerifiedArtifact], Core]
-
+  gpu_turn: str = ""   # on the shared GPU (modeld_msm/gpu_turn.py): "lead" marks its frames, "follow" yields to them
 
 
 @dataclass
@@ -314,6 +315,7 @@ def serve(proc: ModelProcess, opts: ServeOptions) -> int:
   pm = messaging.PubMaster(list(proc.published))
   sm = messaging.SubMaster(list(proc.subscribed))
   cycles = CycleCollector()
+  turn = gpu_turn.serve_turn(proc.gpu_turn)
   cycles.start()
 
   extra_frame = None
@@ -333,13 +335,17 @@ def serve(proc: ModelProcess, opts: ServeOptions) -> int:
     for svc in proc.subscribed:
       if sm.updated[svc]:
         core.on_member(svc, sm[svc])
-    for svc, dat in core.on_frame(main_frame, extra_frame):
+    with turn.frame():
+      out = core.on_frame(main_frame, extra_frame)
+    for svc, dat in out:
       pm.send(svc, dat)
     published = max(published, core.stats.published)
     cycles.after_frame()
   log.info("%s stopping: %d frames, %d published, %d dropped steps; %d cyclic objects freed between frames (longest pass %.2f ms; "
            "the first %d frames, whose state is then frozen: %.2f ms)", proc.name, core.stats.frames, core.stats.published,
            core.stats.dropped_steps, cycles.freed, cycles.longest_ms, cycles.settle_frames, cycles.settle_ms)
+  if turn.stats:
+    log.info("GPU turn: %s", ", ".join(f"{k} {v}" for k, v in sorted(turn.stats.items())))
   return 0
 
 
