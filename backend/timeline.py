@@ -114,12 +114,15 @@ class Result:
 class Client:
   """A model process sharing the GPU: its per-frame dispatches, its submit policy (each process has its own submitqueue),
   where its camera frames land (offset_us after the first client's) and, with yield_to, another client's name whose frame
-  in progress holds back this one's next chunk (a chunk already submitted still runs)."""
+  in progress holds back this one's next chunk (a chunk already submitted still runs). The hold is bounded as the car's
+  (modeld_msm/gpu_turn.py): at most yield_chunk_us before one chunk and yield_frame_us over one frame (0: unbounded)."""
   name: str
   program_us: tuple[float, ...]
   policy: Policy
   offset_us: float = 0.0
   yield_to: str | None = None
+  yield_chunk_us: float = 0.0
+  yield_frame_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,9 +147,11 @@ def _chunks(program_us, policy: Policy) -> list[float]:
 
 
 def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us: float = COMPOSITOR_US, seed: int = 0,
-                    phase_us: float = 0.0) -> SharedResult:
-  """Every client's model at 20 Hz beside the compositor at 60 Hz, on one in-order ring fed by drm_sched. Camera and display
-  clocks are independent: phase_us sets where camera frames land relative to vsync; frames jitter by +-1 ms (seeded)."""
+                    phase_us: float = 0.0, ui_hz: float = 60.0, trace: list | None = None) -> SharedResult:
+  """Every client's model at 20 Hz beside the compositor, on one in-order ring fed by drm_sched. Camera and display clocks
+  are independent: phase_us sets where camera frames land relative to vsync; frames jitter by +-1 ms (seeded). The UI
+  draws at ui_hz (a divisor of 60: one compositor job every 60/ui_hz vsyncs, each due at the next vsync). trace, if given,
+  receives every GPU job as (start_us, end_us, owner): "compositor" or the client's name."""
   rng = random.Random(seed)
   names = [c.name for c in clients]
   chunk_us = [_chunks(c.program_us, c.policy) for c in clients]
@@ -162,7 +167,8 @@ def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us:
   waiting: list[tuple[int, int, tuple]] = []   # drm_sched: (prio, arrival order, job)
   ring: list[tuple] = []
   gpu_busy = False
-  state: list[dict[str, Any]] = [{"next_chunk": 0, "inflight": 0, "start": None, "queued": 0} for _ in clients]
+  state: list[dict[str, Any]] = [{"next_chunk": 0, "inflight": 0, "start": None, "queued": 0, "held": None, "yield_left": 0.0}
+                                 for _ in clients]
   latencies: list[list[float]] = [[] for _ in clients]
   comp_waits: list[float] = []
   misses = 0
@@ -176,6 +182,8 @@ def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us:
       gpu_busy = True
       if job[0] == "comp":
         comp_waits.append(t - job[2])
+      if trace is not None:
+        trace.append((t, t + job[1], "compositor" if job[0] == "comp" else names[job[4]]))
       at(t + job[1], "gpu_done")
 
   def submit(t, job, prio):
@@ -184,11 +192,32 @@ def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us:
     seq += 1
     push_ready(t)
 
+  def held(t, ci) -> bool:
+    """Whether the other model's frame in progress holds this client's next chunk back now (within the bounds)."""
+    m, c = state[ci], clients[ci]
+    busy = c.yield_to is not None and state[names.index(c.yield_to)]["start"] is not None
+    if not busy:
+      if m["held"] is not None:
+        m["yield_left"] -= t - m["held"]
+        m["held"] = None
+      return False
+    if m["held"] is None:
+      m["held"] = t
+      bounds = [b for b in (c.yield_chunk_us, m["yield_left"] if c.yield_frame_us > 0 else 0.0) if b > 0]
+      if bounds:
+        at(t + max(min(bounds), 0.0), "unhold", ci)
+    waited = t - m["held"]
+    if (c.yield_chunk_us > 0 and waited >= c.yield_chunk_us) or (c.yield_frame_us > 0 and waited >= m["yield_left"]):
+      m["yield_left"] -= waited   # a bound reached: this chunk goes
+      m["held"] = None
+      return False
+    return True
+
   def pump(t, ci):
     m, c = state[ci], clients[ci]
-    if c.yield_to is not None and state[names.index(c.yield_to)]["start"] is not None:
-      return   # the other model is mid-frame: hold our next chunk back
     while m["start"] is not None and m["next_chunk"] < len(chunk_us[ci]) and m["inflight"] < c.policy.inflight:
+      if held(t, ci):
+        return
       i = m["next_chunk"]
       m["next_chunk"] += 1
       m["inflight"] += 1
@@ -199,7 +228,7 @@ def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us:
     if m["start"] is not None:   # still running the last frame: this camera frame waits
       m["queued"] += 1
       return
-    m.update(start=t, next_chunk=0)
+    m.update(start=t, next_chunk=0, held=None, yield_left=clients[ci].yield_frame_us)
     pump(t, ci)
 
   for ci, c in enumerate(clients):
@@ -208,9 +237,10 @@ def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us:
       # a camera frame arrives; 3 ms of CPU preprocessing before the first submit
       at(k * MODEL_PERIOD_US + phase_us + c.offset_us + 3000.0 + rng.uniform(-1000, 1000), "frame", ci)
       k += 1
-  k = 0
+  k, every = 0, max(1, round(60.0 / ui_hz))
   while k * VSYNC_US < end_t:
-    at(k * VSYNC_US + 1000.0, "comp", k * VSYNC_US + VSYNC_US)   # the UI submits ~1 ms after vsync; due at the next one
+    if k % every == 0:
+      at(k * VSYNC_US + 1000.0, "comp", k * VSYNC_US + VSYNC_US)   # the UI submits ~1 ms after vsync; due at the next one
     k += 1
   while events:
     t, _, kind, data = heapq.heappop(events)
@@ -226,6 +256,10 @@ def simulate_shared(clients: list[Client], seconds: float = 30.0, compositor_us:
       if job[0] == "model":
         at(t + CPU_WAKE_US, "model_retired", (job[4], job[3]))
       push_ready(t)
+    elif kind == "unhold":
+      ci = cast(int, data)
+      if state[ci]["held"] is not None:
+        pump(t, ci)
     elif kind == "model_retired":
       ci, last = cast(tuple[int, bool], data)
       m = state[ci]
@@ -255,9 +289,10 @@ def simulate(program_us: list[float], policy: Policy, seconds: float = 30.0, com
   return simulate_shared([Client("model", tuple(program_us), policy)], seconds, compositor_us, seed, phase_us).models["model"]
 
 
-def sweep_shared(clients: list[Client], seconds: float = 20.0, phases: int = 10, compositor_us: float = COMPOSITOR_US) -> SharedResult:
+def sweep_shared(clients: list[Client], seconds: float = 20.0, phases: int = 10, compositor_us: float = COMPOSITOR_US,
+                 ui_hz: float = 60.0) -> SharedResult:
   """simulate_shared() over camera/vsync phases spread across one vsync period (the clocks drift against each other)."""
-  rs = [simulate_shared(clients, seconds, compositor_us, seed=i, phase_us=VSYNC_US * i / phases) for i in range(phases)]
+  rs = [simulate_shared(clients, seconds, compositor_us, seed=i, phase_us=VSYNC_US * i / phases, ui_hz=ui_hz) for i in range(phases)]
   models = {}
   for c in clients:
     per = [r.models[c.name] for r in rs]

@@ -90,3 +90,28 @@ def test_a_model_that_yields_gives_the_other_its_unshared_time():
   longest_dm_chunk = max(sum(c) for c in tl.chunk_by_time(list(_two(True)[1].program_us), 2500.0)) + tl.SUBMIT_OVERHEAD_US
   assert polite["modeld"].model_p99_ms <= alone.model_p99_ms + (longest_dm_chunk + tl.COMPOSITOR_US) / 1e3 + 1e-6
   assert polite["dm"].model_p50_ms >= free["dm"].model_p50_ms   # the price is paid by the one that yields
+
+
+def test_a_bounded_yield_caps_the_follower_wait_per_frame():
+  """The car's DM waits at most yield_frame_us per frame (modeld_msm/gpu_turn.py): bounded, the DM's frame is shorter
+  than unbounded, and it never waits past the lead's frame end either (so it is never shorter than not yielding at all
+  would allow for modeld)."""
+  drive, dm = _two(yields=True)
+  bounded = [drive, tl.Client(dm.name, dm.program_us, dm.policy, yield_to="modeld", yield_chunk_us=40_000, yield_frame_us=5_000)]
+  hold = tl.sweep_shared(_two(yields=True), seconds=5, phases=3).models
+  cap = tl.sweep_shared(bounded, seconds=5, phases=3).models
+  free = tl.sweep_shared(_two(yields=False), seconds=5, phases=3).models
+  assert cap["dm"].model_p99_ms < hold["dm"].model_p99_ms
+  assert hold["modeld"].model_p99_ms <= cap["modeld"].model_p99_ms <= free["modeld"].model_p99_ms + 1e-6
+
+
+def test_ui_rate_sets_the_compositor_jobs_and_the_trace_holds_every_job():
+  prog = tl.full_size_program(seed=7)
+  trace60: list = []
+  trace20: list = []
+  c = [tl.Client("m", tuple(prog), tl.Policy("t", 2, 0, 1, chunk_us=2500.0))]
+  tl.simulate_shared(c, 2, seed=1, trace=trace60)
+  tl.simulate_shared(c, 2, seed=1, ui_hz=20, trace=trace20)
+  comp60, comp20 = (sum(1 for *_, who in tr if who == "compositor") for tr in (trace60, trace20))
+  assert comp60 == 120 and comp20 == 40
+  assert all(a < b for a, b, _ in trace60) and all(b1 <= a2 + 1e-6 for (_, b1, _), (a2, _, _) in zip(trace60, trace60[1:]))   # one ring
