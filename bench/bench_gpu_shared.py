@@ -1,25 +1,35 @@
 #!/usr/bin/env python3
-"""The a630 shared by three: modeld (driving model), dmonitoringmodeld (driver monitoring) and a 60 Hz compositor, on one
-ring without preemption (mainline msm). Each model process has its own submitqueue; both run at 20 Hz on frames camerad
-captures together.
+"""The a630 shared by three: modeld (driving model), dmonitoringmodeld (driver monitoring) and the UI's compositor, on one
+ring without preemption (mainline msm). Each model process has its own submitqueue; both run at 20 Hz.
 
-  .venv/bin/python bench/bench_gpu_shared.py [--artifact QCOM_DRIVING] [--dm-artifact QCOM_DM] [--size full|tiny] [--work DIR]
-                                             [--compositor-ms 5 2] [--seconds 20] [--phases 10]
+  .venv/bin/python bench/bench_gpu_shared.py [--a630-json BENCH_A630.json] [--modeld-kind driving|supercombo|stateful]
+                                             [--artifact QCOM_DRIVING --dm-artifact QCOM_DM | --size full|tiny [--work DIR]]
+                                             [--compositor-ms 5] [--ui-hz 60 20] [--seconds 20] [--phases 10] [--plot OUT.png]
 
-Each model's frame is its real program: the QCOM artifact is stepped once on the emulated render node, the kernels it
-dispatches are recorded in ring order, and each is costed by the a630 time the compile estimated from executing it (the
-artifact's `kernel_us`, emulator level B). `backend.timeline.simulate_shared` then plays both against the compositor for
-each policy, averaged over camera/vsync phases; every model's p99 is also given against its time with the GPU to itself
-(the compositor only, same policy). Without artifacts the reference models of --size are written and compiled for QCOM
-first (full: several minutes; --work DIR keeps them there for the next run). The compositor's job per vsync is an
-assumption (5 ms, backend/timeline.py); --compositor-ms gives the table for each value asked.
+Each model's frame is a list of dispatch times on the a630. By default they follow the a630 time model's per-frame
+estimates: `--a630-json` is what `bench/bench_a630.py --json` wrote ({"models": {"<kind>": {"ms", "dispatches"}}}),
+else the figures of docs/a630-time.md; a frame of N dispatches and M ms is spread over its dispatches by a seeded
+log-normal draw (a few long convolutions, many short kernels), so the table follows the estimates as levers land.
+With --artifact/--dm-artifact (or --size, which compiles the reference models first; full: several minutes) the
+dispatches are the real programs' instead: stepped on the emulated render node and costed by the artifact's `kernel_us`.
+
+`backend.timeline.simulate_shared` plays both models against the compositor for each policy, UI rate (60 Hz: a job every
+vsync; 20 FPS, openpilot's UI default on a comma 3X: every third) and camera phase (the driver camera's frames captured
+with the road camera's, or half a frame later), over camera/vsync phases. "x alone" is a model's p99 over its p99 with
+the GPU to itself (the compositor only, same policy); "aims": 0 misses/s and both within 1.2x; "20 Hz": both p99 under
+50 ms, so no camera frame waits behind the previous one. The DM-yields policies hold the DM's next chunk while modeld's
+frame is in flight (modeld_msm/gpu_turn.py); "as shipped" with the car's bounds per chunk and per DM frame. The
+compositor's job per UI frame is an assumption (--compositor-ms). --plot draws the first scenario's timeline of the
+policy as shipped (matplotlib).
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import tempfile
@@ -29,12 +39,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from backend import chunking  # noqa: E402
 from backend import timeline as tl  # noqa: E402
 from bench.bench_gpu_priority import step_dispatches  # noqa: E402
+from modeld_msm import gpu_turn  # noqa: E402
+from selfdrive_glue.argtypes import integer, real  # noqa: E402
+from selfdrive_glue.files import write_atomic  # noqa: E402
 
 # on-device host times of openpilot's own processes over KGSL (openpilot PR #37866), the figures to compare with
 KGSL_MS = {"modeld": (24.5, 28.0), "dmonitoringmodeld": (13.0, 19.0)}
-
+# docs/a630-time.md (bench_a630 --size full, 2026-12-06): a frame's estimate and dispatches per kind, when no --a630-json
+DOC_FIGURES = {"driving": (24.86, 130), "supercombo": (26.32, 132), "dmonitoring": (20.61, 74)}
+PHASES = {"in phase": 0.0, "DM half a frame later": tl.MODEL_PERIOD_US / 2}
+MAX_SHARE = 0.15   # a spread dispatch is at most this share of its frame (the largest real ones: 5-8 %)
 
 def build(size: str, work: Path) -> tuple[Path, Path]:
   if all((work / n / "manifest.json").exists() for n in ("driving", "dmonitoring")):
@@ -83,65 +100,174 @@ def machine() -> str:
   return f"{c.model} ({platform.machine()}, {os.cpu_count()} cores; ISA {' '.join(sorted(c.flags & {'avx2', 'fma', 'avx512f', 'avx512_fp16'}))})"
 
 
-def table(progs: dict[str, list[float]], setups, comp_us: float, seconds: float, phases: int) -> None:
-  print(f"\nboth models at 20 Hz (frames captured together) beside a {comp_us / 1e3:g} ms compositor job every "
-        f"{tl.VSYNC_US / 1e3:.1f} ms (prio {tl.COMPOSITOR_PRIO}); {phases} vsync phases x {seconds:.0f} s each. "
-        "x alone = p99 over the same policy's p99 with the GPU to itself (compositor only)\n")
-  head = f"{'policy':<52} {'miss/s':>6} {'UI wait':>7} {'modeld p50':>10} {'p99':>6} {'x alone':>7} {'DM p50':>6} {'p99':>6} {'x alone':>7}  (ms)"
+def spread(total_ms: float, dispatches: int, seed: int) -> list[float]:
+  """A frame of total_ms over its dispatches (us): seeded log-normal shares, none over MAX_SHARE of the frame."""
+  rng = random.Random(seed)
+  w = [rng.lognormvariate(0, 1.2) for _ in range(max(1, dispatches))]
+  for _ in range(8):   # clip the few outliers and renormalize until none is over the cap
+    total = sum(w)
+    w = [min(x, MAX_SHARE * total) for x in w]
+  total = sum(w)
+  return [total_ms * 1e3 * x / total for x in w]
+
+
+def from_estimates(a630_json: Path | None, modeld_kind: str, frame_ms: list[float] | None = None) -> tuple[dict[str, list[float]], str]:
+  if a630_json is not None:
+    try:
+      models = json.loads(a630_json.read_text())["models"]
+      figs = {k: (float(models[k]["ms"]), int(models[k]["dispatches"])) for k in (modeld_kind, "dmonitoring")}
+    except (KeyError, TypeError, ValueError) as e:
+      raise SystemExit(f"{a630_json}: not bench_a630's --json with {modeld_kind} and dmonitoring ({type(e).__name__}: {e}); "
+                       "write it with bench/bench_a630.py --json OUT") from None
+    src = f"{a630_json} (bench_a630)"
+  else:
+    if modeld_kind not in DOC_FIGURES:
+      raise SystemExit(f"docs/a630-time.md has no {modeld_kind} frame; pass --a630-json from bench/bench_a630.py")
+    figs = {k: DOC_FIGURES[k] for k in (modeld_kind, "dmonitoring")}
+    src = "docs/a630-time.md"
+  if frame_ms:   # what-if: the same dispatch counts at other frame times (e.g. the issue's aims once the levers land)
+    figs = {modeld_kind: (frame_ms[0], figs[modeld_kind][1]), "dmonitoring": (frame_ms[1], figs["dmonitoring"][1])}
+    src += f", frames set to {frame_ms[0]:g} / {frame_ms[1]:g} ms"
+  for k, (ms, n) in figs.items():
+    if not (ms > 0 and n > 0):
+      raise SystemExit(f"{src}: {k} has {ms} ms over {n} dispatches; both must be > 0")
+  return {"modeld": spread(*figs[modeld_kind], seed=1), "dmonitoringmodeld": spread(*figs["dmonitoring"], seed=2)}, src
+
+
+def policies(progs: dict[str, list[float]]) -> list[tuple[str, dict[str, tl.Policy], dict]]:
+  """(label, policy per process, the DM's yield: Client keyword arguments)."""
+  budget = chunking.budget_us() or chunking.DEFAULT_CHUNK_US
+  ours = tl.Policy(f"lowest prio, <= {budget / 1e3:g} ms chunks, 1 in flight", 2, 0, 1, chunk_us=budget)
+  two = tl.Policy(f"lowest prio, <= {budget / 1e3:g} ms chunks, 2 in flight", 2, 0, 2, chunk_us=budget)
+  small = tl.Policy("lowest prio, <= 1.5 ms chunks, 1 in flight", 2, 0, 1, chunk_us=1500.0)
+  shipped = {"yield_to": "modeld", "yield_chunk_us": gpu_turn.CHUNK_WAIT_MS * 1e3, "yield_frame_us": gpu_turn.FRAME_WAIT_MS * 1e3}
+  return [
+    ("KGSL-style: prio 0, one submit per graph", {n: tl.STOCK for n in progs}, {}),
+    (f"ours, no yield ({budget / 1e3:g} ms chunks, 1 in flight)", {n: ours for n in progs}, {}),
+    ("ours, no yield, 2 in flight", {n: two for n in progs}, {}),
+    ("ours + DM yields, unbounded", {n: ours for n in progs}, {"yield_to": "modeld"}),
+    (f"ours + DM yields as shipped (<= {gpu_turn.CHUNK_WAIT_MS:g}/{gpu_turn.FRAME_WAIT_MS:g} ms)", {n: ours for n in progs}, shipped),
+    ("as shipped, 2 in flight", {n: two for n in progs}, shipped),
+    ("as shipped, 1.5 ms chunks", {n: small for n in progs}, shipped),
+  ]
+
+
+def clients(progs, pols, dm_yield: dict, offset_us: float) -> list[tl.Client]:
+  return [tl.Client("modeld", tuple(progs["modeld"]), pols["modeld"]),
+          tl.Client("dmonitoringmodeld", tuple(progs["dmonitoringmodeld"]), pols["dmonitoringmodeld"], offset_us=offset_us, **dm_yield)]
+
+
+def table(progs: dict[str, list[float]], setups, comp_us: float, ui_hz: float, offset_us: float, seconds: float, phases: int,
+          alone_cache: dict) -> list[dict]:
+  phase = next((k for k, v in PHASES.items() if v == offset_us), f"DM {offset_us / 1e3:g} ms later")
+  print(f"\nUI at {ui_hz:g} Hz ({comp_us / 1e3:g} ms compositor job per UI frame, prio {tl.COMPOSITOR_PRIO}), cameras {phase}; "
+        f"{phases} vsync phases x {seconds:g} s")
+  head = (f"{'policy':<46} {'miss/s':>6} {'UI wait':>7} {'modeld p50':>10} {'p99':>6} {'x alone':>7} {'DM p50':>6} {'p99':>6} {'x alone':>7} "
+          f"{'aims':>4} {'20 Hz':>5}  (ms)")
   print(head)
   print("-" * len(head))
-  for label, pols, yields in setups:
-    clients = [tl.Client(n, tuple(p), pols[n], yield_to=yields if n == "dmonitoringmodeld" else None) for n, p in progs.items()]
-    shared = tl.sweep_shared(clients, seconds, phases, comp_us)
-    alone = {c.name: tl.sweep_shared([tl.Client(c.name, c.program_us, c.policy)], seconds, phases, comp_us).models[c.name] for c in clients}
+  rows = []
+  for label, pols, dm_yield in setups:
+    cl = clients(progs, pols, dm_yield, offset_us)
+    shared = tl.sweep_shared(cl, seconds, phases, comp_us, ui_hz)
+    row: dict = {"policy": label, "ui_hz": ui_hz, "phase": phase, "misses_per_s": shared.misses_per_s, "ui_wait_ms": shared.compositor_wait_max_ms}
     cells = []
-    for n in progs:
-      r = shared.models[n]
+    for c in cl:
+      key = (c.name, c.policy, ui_hz, comp_us)
+      if key not in alone_cache:
+        alone_cache[key] = tl.sweep_shared([tl.Client(c.name, c.program_us, c.policy)], seconds, phases, comp_us, ui_hz).models[c.name].model_p99_ms
+      r = shared.models[c.name]
       lat = r.latencies_ms
-      cells.append(f"{lat[len(lat) // 2] if lat else 0:>{10 if n == 'modeld' else 6}.2f} {r.model_p99_ms:>6.2f} "
-                   f"{r.model_p99_ms / max(alone[n].model_p99_ms, 1e-9):>7.2f}")
-    print(f"{label:<52} {shared.misses_per_s:>6.2f} {shared.compositor_wait_max_ms:>7.2f} {' '.join(cells)}")
-  load = (sum(sum(p) for p in progs.values()) / tl.MODEL_PERIOD_US + comp_us / tl.VSYNC_US) * 100
-  print(f"GPU load: {load:.0f} % of the a630's time (both models' frames every {tl.MODEL_PERIOD_US / 1e3:g} ms + the compositor)"
+      p50 = lat[len(lat) // 2] if lat else 0.0
+      ratio = r.model_p99_ms / max(alone_cache[key], 1e-9)
+      row[c.name] = {"p50_ms": p50, "p99_ms": r.model_p99_ms, "x_alone": ratio}
+      cells.append(f"{p50:>{10 if c.name == 'modeld' else 6}.2f} {r.model_p99_ms:>6.2f} {ratio:>7.2f}")
+    row["aims_met"] = shared.misses_per_s == 0 and all(row[c.name]["x_alone"] <= 1.2 for c in cl)
+    row["keeps_20hz"] = all(row[c.name]["p99_ms"] < tl.MODEL_PERIOD_US / 1e3 for c in cl)   # no frame waits behind the last
+    rows.append(row)
+    print(f"{label:<46} {shared.misses_per_s:>6.2f} {shared.compositor_wait_max_ms:>7.2f} {' '.join(cells)} "
+          f"{'yes' if row['aims_met'] else 'no':>4} {'yes' if row['keeps_20hz'] else 'no':>5}")
+  load = (sum(sum(p) for p in progs.values()) / tl.MODEL_PERIOD_US + comp_us * ui_hz / 1e6) * 100
+  print(f"GPU load: {load:.0f} % (both models' frames every {tl.MODEL_PERIOD_US / 1e3:g} ms + the UI)"
         + ("; over 100 %: no submit policy keeps both at 20 Hz" if load > 100 else ""))
+  return rows
+
+
+def plot(progs, setups, comp_us: float, ui_hz: float, offset_us: float, out: Path, label: str) -> None:
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("no matplotlib (pip install -e .[replay]): no plot")
+    return
+  _, pols, dm_yield = next(s for s in setups if s[0] == label)
+  trace: list = []
+  tl.simulate_shared(clients(progs, pols, dm_yield, offset_us), seconds=0.4, compositor_us=comp_us, seed=0, ui_hz=ui_hz, trace=trace)
+  rows = {"compositor": 2, "modeld": 1, "dmonitoringmodeld": 0}
+  colors = {"compositor": "tab:gray", "modeld": "tab:blue", "dmonitoringmodeld": "tab:orange"}
+  fig, ax = plt.subplots(figsize=(12, 2.6))
+  for who, y in rows.items():
+    bars = [(a / 1e3, (b - a) / 1e3) for a, b, w in trace if w == who and a < 400e3]
+    ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=colors[who], edgecolor="white", linewidth=0.3)
+  for k in range(int(400e3 / tl.VSYNC_US) + 1):
+    ax.axvline(k * tl.VSYNC_US / 1e3, color="k", lw=0.3, alpha=0.4)
+  ax.set_yticks(list(rows.values()), list(rows.keys()))
+  ax.set_xlabel("ms (vertical lines: vsync)")
+  ax.set_title(f"a630 ring, {label}; UI {ui_hz:g} Hz, {comp_us / 1e3:g} ms per UI frame", fontsize=9)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=110)
+  write_atomic(out, buf.getvalue())
+  print(f"timeline plot: {out}")
 
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--artifact", type=Path, help="QCOM driving artifact (default: compile --size)")
-  ap.add_argument("--dm-artifact", type=Path, help="QCOM driver-monitoring artifact (default: compile --size)")
-  ap.add_argument("--size", choices=("full", "tiny"), default="full")
-  ap.add_argument("--work", type=Path, help="keep the compiled artifacts here and reuse them next time (default: a temp dir)")
-  ap.add_argument("--compositor-ms", type=float, nargs="+", default=[tl.COMPOSITOR_US / 1e3],
-                  help=f"the compositor's GPU time per vsync, one table each (default {tl.COMPOSITOR_US / 1e3:g})")
-  ap.add_argument("--seconds", type=float, default=20.0, help="simulated seconds per vsync phase (default 20)")
-  ap.add_argument("--phases", type=int, default=10, help="camera/vsync phases averaged (default 10)")
+  ap.add_argument("--a630-json", type=Path, help="bench_a630's --json: the per-frame estimates (default: docs/a630-time.md's)")
+  ap.add_argument("--modeld-kind", choices=("driving", "supercombo", "stateful"), default="driving", help="modeld's model kind (default driving)")
+  ap.add_argument("--frame-ms", type=real(0, lo_open=True), nargs=2, metavar=("MODELD", "DM"),
+                  help="what-if: these a630 times per frame instead of the estimates' (their dispatch counts kept)")
+  ap.add_argument("--artifact", type=Path, help="QCOM driving artifact: its real dispatches (with --dm-artifact)")
+  ap.add_argument("--dm-artifact", type=Path, help="QCOM driver-monitoring artifact")
+  ap.add_argument("--size", choices=("full", "tiny"), help="compile the reference models of this size and use their real dispatches")
+  ap.add_argument("--work", type=Path, help="with --size: keep the compiled artifacts here and reuse them next time")
+  ap.add_argument("--compositor-ms", type=real(0), nargs="+", default=[tl.COMPOSITOR_US / 1e3],
+                  help=f"the compositor's GPU time per UI frame, one table each (default {tl.COMPOSITOR_US / 1e3:g})")
+  ap.add_argument("--ui-hz", type=real(0, lo_open=True), nargs="+", default=[60.0, 20.0], help="UI frame rates (divisors of 60; default 60 20)")
+  ap.add_argument("--seconds", type=real(0, lo_open=True), default=20.0, help="simulated seconds per vsync phase (default 20)")
+  ap.add_argument("--phases", type=integer(1), default=10, help="camera/vsync phases averaged (default 10)")
+  ap.add_argument("--json", type=Path, help="write every row here")
+  ap.add_argument("--plot", type=Path, help="a PNG of 400 ms of the ring under the policy as shipped (UI at the first --ui-hz, in phase)")
   args = ap.parse_args()
+  if bool(args.artifact) != bool(args.dm_artifact):
+    ap.error("--artifact and --dm-artifact go together")
   print(f"machine: {machine()} (the simulation's numbers do not depend on it)")
-  with tempfile.TemporaryDirectory(prefix="bench-gpu-shared-") as tmp:
-    work = args.work or Path(tmp)
-    work.mkdir(parents=True, exist_ok=True)
-    driving, dm = (args.artifact, args.dm_artifact) if args.artifact and args.dm_artifact else build(args.size, work)
-    progs = programs(driving, dm)
+  if args.artifact or args.size:
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-shared-") as tmp:
+      work = args.work or Path(tmp)
+      work.mkdir(parents=True, exist_ok=True)
+      driving, dm = (args.artifact, args.dm_artifact) if args.artifact else build(args.size, work)
+      progs = programs(driving, dm)
+    src = "the artifacts' real dispatches (kernel_us)"
+  else:
+    progs, src = from_estimates(args.a630_json, args.modeld_kind, args.frame_ms)
+  print(f"frames from {src}:")
   for name, p in progs.items():
-    print(f"{name}: {len(p)} dispatches, {sum(p) / 1e3:.1f} ms of a630 time per frame (from execution; largest {max(p) / 1e3:.2f} ms)")
-
-  from backend import chunking
-  budget = chunking.budget_us()
-  ours = tl.Policy(f"lowest prio, <= {budget / 1e3:g} ms chunks, 1 in flight", 2, 0, 1, chunk_us=budget)
-  setups = [
-    ("KGSL-style: prio 0, one submit per graph, both", {n: tl.STOCK for n in progs}, None),
-    (f"ours: {ours.name}, both", {n: ours for n in progs}, None),
-    ("ours, DM yields to modeld between chunks", {n: ours for n in progs}, "modeld"),
-    ("ours, 2 chunks in flight", {n: tl.Policy("2 in flight", 2, 0, 2, chunk_us=budget) for n in progs}, None),
-  ]
-  for b in (1000.0, 1500.0, 4000.0):
-    setups.append((f"lowest prio, <= {b / 1e3:g} ms chunks, 1 in flight, both", {n: tl.Policy("b", 2, 0, 1, chunk_us=b) for n in progs}, None))
-  setups.append(("lowest prio, <= 1.5 ms chunks, DM yields", {n: tl.Policy("b", 2, 0, 1, chunk_us=1500.0) for n in progs}, "modeld"))
+    print(f"  {name}: {len(p)} dispatches, {sum(p) / 1e3:.2f} ms of a630 time per frame (largest {max(p) / 1e3:.2f} ms)")
+  setups = policies(progs)
+  rows: list[dict] = []
+  cache: dict = {}
   for comp_ms in args.compositor_ms:
-    table(progs, setups, comp_ms * 1e3, args.seconds, args.phases)
+    for ui_hz in args.ui_hz:
+      for offset in PHASES.values():
+        rows += table(progs, setups, comp_ms * 1e3, ui_hz, offset, args.seconds, args.phases, cache)
   print(f"\non a comma device over KGSL (openpilot PR #37866, host time): modeld {KGSL_MS['modeld'][0]}-{KGSL_MS['modeld'][1]} ms, "
         f"dmonitoringmodeld {KGSL_MS['dmonitoringmodeld'][0]}-{KGSL_MS['dmonitoringmodeld'][1]} ms")
+  if args.json:
+    write_atomic(args.json, json.dumps({"source": src, "frames_ms": {k: sum(v) / 1e3 for k, v in progs.items()}, "rows": rows}, indent=1).encode())
+  if args.plot:
+    plot(progs, setups, args.compositor_ms[0] * 1e3, args.ui_hz[0], 0.0, args.plot, setups[4][0])
   return 0
 
 

@@ -110,6 +110,7 @@ def test_dmonitoringmodeld_serves_every_driver_frame(dm_cpu_artifact, prefix):
   assert "Traceback" not in out, out
   assert "dropped bad message on 'liveCalibration'" in out, out
   assert "main=driver extra=none" in out and "dmonitoringmodeld stopping" in out, out
+  assert "GPU turn: follow on /dev/shm/msgq_" in out, out   # it yields to modeld through the page beside its msgq files
 
 
 def test_a_driving_artifact_is_refused_before_any_camera_is_awaited(cpu_artifact_1928, prefix):
