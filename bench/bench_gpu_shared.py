@@ -18,9 +18,9 @@ vsync; 20 FPS, openpilot's UI default on a comma 3X: every third) and camera pha
 with the road camera's, or half a frame later), over camera/vsync phases. "x alone" is a model's p99 over its p99 with
 the GPU to itself (the compositor only, same policy); "aims": 0 misses/s and both within 1.2x; "20 Hz": both p99 under
 50 ms, so no camera frame waits behind the previous one. The DM-yields policies hold the DM's next chunk while modeld's
-frame is in flight (modeld_msm/gpu_turn.py); "as shipped" with the car's bounds per chunk and per DM frame. The
-compositor's job per UI frame is an assumption (--compositor-ms). --plot draws the first scenario's timeline of the
-policy as shipped (matplotlib).
+frame is in flight (modeld_msm/gpu_turn.py), most with the car's bounds per chunk and per DM frame; "before" and
+"after" are the car's submit policy without and with it. The compositor's job per UI frame is an assumption
+(--compositor-ms). --plot draws 400 ms of the ring under "after" (first --ui-hz, cameras in phase; matplotlib).
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from backend import chunking  # noqa: E402
 from backend import timeline as tl  # noqa: E402
+from backend.msm import DEFAULT_INFLIGHT  # noqa: E402
 from bench.bench_gpu_priority import step_dispatches  # noqa: E402
 from modeld_msm import gpu_turn  # noqa: E402
 from selfdrive_glue.argtypes import integer, real  # noqa: E402
@@ -135,20 +136,24 @@ def from_estimates(a630_json: Path | None, modeld_kind: str, frame_ms: list[floa
 
 
 def policies(progs: dict[str, list[float]]) -> list[tuple[str, dict[str, tl.Policy], dict]]:
-  """(label, policy per process, the DM's yield: Client keyword arguments)."""
+  """(label, policy per process, the DM's yield as Client keyword arguments). "before" is the car's submit policy
+  without the GPU turn, "after" with it: the DM, following, submits one chunk at a time (backend/msm.py DEFAULT_INFLIGHT,
+  backend/chunking.py, modeld_msm/gpu_turn.py FOLLOWER_INFLIGHT)."""
   budget = chunking.budget_us() or chunking.DEFAULT_CHUNK_US
-  ours = tl.Policy(f"lowest prio, <= {budget / 1e3:g} ms chunks, 1 in flight", 2, 0, 1, chunk_us=budget)
-  two = tl.Policy(f"lowest prio, <= {budget / 1e3:g} ms chunks, 2 in flight", 2, 0, 2, chunk_us=budget)
+  car = tl.Policy(f"lowest prio, <= {budget / 1e3:g} ms chunks, {DEFAULT_INFLIGHT} in flight", 2, 0, DEFAULT_INFLIGHT, chunk_us=budget)
+  one = tl.Policy(f"lowest prio, <= {budget / 1e3:g} ms chunks, 1 in flight", 2, 0, 1, chunk_us=budget)
   small = tl.Policy("lowest prio, <= 1.5 ms chunks, 1 in flight", 2, 0, 1, chunk_us=1500.0)
-  shipped = {"yield_to": "modeld", "yield_chunk_us": gpu_turn.CHUNK_WAIT_MS * 1e3, "yield_frame_us": gpu_turn.FRAME_WAIT_MS * 1e3}
+  bounded = {"yield_to": "modeld", "yield_chunk_us": gpu_turn.CHUNK_WAIT_MS * 1e3, "yield_frame_us": gpu_turn.FRAME_WAIT_MS * 1e3}
+  bounds = f"<= {gpu_turn.CHUNK_WAIT_MS:g}/{gpu_turn.FRAME_WAIT_MS:g} ms"
   return [
     ("KGSL-style: prio 0, one submit per graph", {n: tl.STOCK for n in progs}, {}),
-    (f"ours, no yield ({budget / 1e3:g} ms chunks, 1 in flight)", {n: ours for n in progs}, {}),
-    ("ours, no yield, 2 in flight", {n: two for n in progs}, {}),
-    ("ours + DM yields, unbounded", {n: ours for n in progs}, {"yield_to": "modeld"}),
-    (f"ours + DM yields as shipped (<= {gpu_turn.CHUNK_WAIT_MS:g}/{gpu_turn.FRAME_WAIT_MS:g} ms)", {n: ours for n in progs}, shipped),
-    ("as shipped, 2 in flight", {n: two for n in progs}, shipped),
-    ("as shipped, 1.5 ms chunks", {n: small for n in progs}, shipped),
+    (f"before: {budget / 1e3:g} ms chunks, {DEFAULT_INFLIGHT} in flight", {n: car for n in progs}, {}),
+    (f"{budget / 1e3:g} ms chunks, 1 in flight", {n: one for n in progs}, {}),
+    ("1 in flight + DM yields, unbounded", {n: one for n in progs}, {"yield_to": "modeld"}),
+    (f"before + DM yields ({bounds})", {n: car for n in progs}, bounded),
+    (f"after: before, DM 1 in flight + yields ({bounds})", {"modeld": car, "dmonitoringmodeld": one}, bounded),
+    (f"1 in flight + DM yields ({bounds})", {n: one for n in progs}, bounded),
+    ("1.5 ms chunks, 1 in flight + DM yields", {n: small for n in progs}, bounded),
   ]
 
 
@@ -194,6 +199,7 @@ def table(progs: dict[str, list[float]], setups, comp_us: float, ui_hz: float, o
 
 
 def plot(progs, setups, comp_us: float, ui_hz: float, offset_us: float, out: Path, label: str) -> None:
+  """The ring's jobs over 400 ms as bars per owner, vsyncs as lines."""
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -267,7 +273,7 @@ def main() -> int:
   if args.json:
     write_atomic(args.json, json.dumps({"source": src, "frames_ms": {k: sum(v) / 1e3 for k, v in progs.items()}, "rows": rows}, indent=1).encode())
   if args.plot:
-    plot(progs, setups, args.compositor_ms[0] * 1e3, args.ui_hz[0], 0.0, args.plot, setups[4][0])
+    plot(progs, setups, args.compositor_ms[0] * 1e3, args.ui_hz[0], 0.0, args.plot, next(s[0] for s in setups if s[0].startswith("after")))
   return 0
 
 

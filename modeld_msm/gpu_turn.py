@@ -47,6 +47,9 @@ LEAD_HOLD_MS = 40.0
 # the follower's bounds: one modeld frame per chunk; per DM frame no more than leaves its own ~20 ms inside 50 ms
 CHUNK_WAIT_MS = 40.0
 FRAME_WAIT_MS = 28.0
+# the follower gives the kernel one chunk at a time (MSM_INFLIGHT, unless set): a chunk already in the ring when modeld's
+# frame starts cannot be called back, so a second one queued behind it would delay modeld by a chunk more
+FOLLOWER_INFLIGHT = 1
 STALE_MS = 100.0   # whatever the lead promised, a mark this old is stale (two modeld periods)
 POLL_MS = 5.0
 log = logging.getLogger(__name__)
@@ -265,9 +268,12 @@ def for_role(role: str, path: str | None = None) -> Lead | Follower | Off:
 
 
 def serve_turn(role: str) -> Lead | Follower | Off:
-  """for_role() for the serving process; a follower's wait is installed before every chunk its GPU submits."""
+  """for_role() for the serving process, before its device opens: a follower's wait is installed before every chunk its
+  GPU submits, and it submits FOLLOWER_INFLIGHT chunks at a time unless MSM_INFLIGHT says otherwise."""
   turn = for_role(role)
   chunking.set_submit_gate(turn.wait_turn if isinstance(turn, Follower) else None)
+  if isinstance(turn, Follower):
+    os.environ.setdefault("MSM_INFLIGHT", str(FOLLOWER_INFLIGHT))
   if not isinstance(turn, Off):
     log.info("GPU turn: %s on %s", role, turn.page.path)
   return turn

@@ -300,6 +300,7 @@ def serve(proc: ModelProcess, opts: ServeOptions) -> int:
   if opts.realtime:
     log.info("realtime: %s", config_realtime(proc.rt_core, proc.rt_priority))
 
+  turn = gpu_turn.serve_turn(proc.gpu_turn)   # before the device opens: it may set the follower's chunks in flight
   # a single artifact is loaded now, so a device that cannot open is refused before we wait for cameras
   core: Core | None = proc.make_core(source.single) if source.single is not None else None
   log.info("connecting to VisionIPC server %r", opts.server)
@@ -315,7 +316,6 @@ def serve(proc: ModelProcess, opts: ServeOptions) -> int:
   pm = messaging.PubMaster(list(proc.published))
   sm = messaging.SubMaster(list(proc.subscribed))
   cycles = CycleCollector()
-  turn = gpu_turn.serve_turn(proc.gpu_turn)
   cycles.start()
 
   extra_frame = None

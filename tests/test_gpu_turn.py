@@ -4,6 +4,7 @@ The lead is a real second process over the shared page; the follower's chunk loo
 from __future__ import annotations
 
 import collections
+import os
 import subprocess
 import sys
 import textwrap
@@ -155,7 +156,12 @@ def test_switch_and_foreign_page(tmp_path, monkeypatch, caplog):
   monkeypatch.setenv(gpu_turn.ENV_PATH, str(tmp_path / "c"))
   assert gpu_turn.default_path() == str(tmp_path / "c")
   try:
+    monkeypatch.delenv("MSM_INFLIGHT", raising=False)
     assert isinstance(gpu_turn.serve_turn("follow"), gpu_turn.Follower) and chunking._gate is not None
+    assert os.environ["MSM_INFLIGHT"] == str(gpu_turn.FOLLOWER_INFLIGHT)   # the follower's chunks one at a time...
+    monkeypatch.setenv("MSM_INFLIGHT", "3")
+    gpu_turn.serve_turn("follow")
+    assert os.environ["MSM_INFLIGHT"] == "3"                                # ...unless the user said otherwise
     assert isinstance(gpu_turn.serve_turn("lead"), gpu_turn.Lead) and chunking._gate is None
   finally:
     chunking.set_submit_gate(None)
