@@ -167,7 +167,8 @@ def table(progs: dict[str, list[float]], setups, comp_us: float, ui_hz: float, o
   phase = next((k for k, v in PHASES.items() if v == offset_us), f"DM {offset_us / 1e3:g} ms later")
   print(f"\nUI at {ui_hz:g} Hz ({comp_us / 1e3:g} ms compositor job per UI frame, prio {tl.COMPOSITOR_PRIO}), cameras {phase}; "
         f"{phases} vsync phases x {seconds:g} s")
-  head = (f"{'policy':<46} {'miss/s':>6} {'UI wait':>7} {'modeld p50':>10} {'p99':>6} {'x alone':>7} {'DM p50':>6} {'p99':>6} {'x alone':>7} "
+  w = max(len(x[0]) for x in setups)
+  head = (f"{'policy':<{w}} {'miss/s':>6} {'UI wait':>7} {'modeld p50':>10} {'p99':>6} {'x alone':>7} {'DM p50':>6} {'p99':>6} {'x alone':>7} "
           f"{'aims':>4} {'20 Hz':>5}  (ms)")
   print(head)
   print("-" * len(head))
@@ -190,7 +191,7 @@ def table(progs: dict[str, list[float]], setups, comp_us: float, ui_hz: float, o
     row["aims_met"] = shared.misses_per_s == 0 and all(row[c.name]["x_alone"] <= 1.2 for c in cl)
     row["keeps_20hz"] = all(row[c.name]["p99_ms"] < tl.MODEL_PERIOD_US / 1e3 for c in cl)   # no frame waits behind the last
     rows.append(row)
-    print(f"{label:<46} {shared.misses_per_s:>6.2f} {shared.compositor_wait_max_ms:>7.2f} {' '.join(cells)} "
+    print(f"{label:<{w}} {shared.misses_per_s:>6.2f} {shared.compositor_wait_max_ms:>7.2f} {' '.join(cells)} "
           f"{'yes' if row['aims_met'] else 'no':>4} {'yes' if row['keeps_20hz'] else 'no':>5}")
   load = (sum(sum(p) for p in progs.values()) / tl.MODEL_PERIOD_US + comp_us * ui_hz / 1e6) * 100
   print(f"GPU load: {load:.0f} % (both models' frames every {tl.MODEL_PERIOD_US / 1e3:g} ms + the UI)"
