@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import backend
+from backend import chunking
 from backend.msm import MSMFault, MSMTimeout, MSMVmLost
 
 backend.install()
@@ -183,9 +184,11 @@ def test_jit_graph_replays_with_changing_inputs():
 
 
 @pytest.mark.device
-def test_graph_chunks_bound_kernels_in_flight(fresh):
+def test_graph_chunks_bound_kernels_in_flight(fresh, monkeypatch):
   dev = fresh(MSM_CHUNK_KERNELS=2, MSM_INFLIGHT=1)
   it = dev.iface
+  asked = []   # the submit gate (dmonitoringmodeld's GPU turn, modeld_msm/gpu_turn.py) is asked before every submit
+  monkeypatch.setattr(chunking, "_gate", lambda: asked.append(it.stats["submits"]))
   ws = [Tensor.randn(4, 4, 3, 3, device=dev.device).realize() for _ in range(7)]
   @TinyJit
   def f(x):
@@ -201,6 +204,7 @@ def test_graph_chunks_bound_kernels_in_flight(fresh):
   assert len(graph_jobs) >= 3 and all(j.cmd is graph_jobs[0].cmd for j in graph_jobs)   # one graph, chunks of at most 2 kernels
   assert [j.offset for j in graph_jobs] == sorted(j.offset for j in graph_jobs) and graph_jobs[0].offset == 0
   assert it.stats["max_inflight"] == 1 and any(handles_of(x) in j.handles for j in graph_jobs)
+  assert asked == list(range(asked[0], it.stats["submits"])) and len(asked) >= len(graph_jobs)
   if EMU:
     assert not it.node.stats.faults
     assert it.node._queues[it.queue_id].retired == it.last_fence
