@@ -4,7 +4,7 @@ ring without preemption (mainline msm). Each model process has its own submitque
 
   .venv/bin/python bench/bench_gpu_shared.py [--a630-json BENCH_A630.json] [--modeld-kind driving|supercombo|stateful]
                                              [--artifact QCOM_DRIVING --dm-artifact QCOM_DM | --size full|tiny [--work DIR]]
-                                             [--compositor-ms 5] [--ui-hz 60 20] [--seconds 20] [--phases 10] [--plot OUT.png]
+                                             [--compositor-ms 5] [--ui-hz 60 20] [--dm-offset-ms 0 25] [--seconds 20] [--phases 10] [--plot OUT.png]
 
 Each model's frame is a list of dispatch times on the a630. By default they follow the a630 time model's per-frame
 estimates: `--a630-json` is what `bench/bench_a630.py --json` wrote ({"models": {"<kind>": {"ms", "dispatches"}}}),
@@ -242,6 +242,8 @@ def main() -> int:
   ap.add_argument("--compositor-ms", type=real(0), nargs="+", default=[tl.COMPOSITOR_US / 1e3],
                   help=f"the compositor's GPU time per UI frame, one table each (default {tl.COMPOSITOR_US / 1e3:g})")
   ap.add_argument("--ui-hz", type=real(0, lo_open=True), nargs="+", default=[60.0, 20.0], help="UI frame rates (divisors of 60; default 60 20)")
+  ap.add_argument("--dm-offset-ms", type=real(0), nargs="+", default=[v / 1e3 for v in PHASES.values()],
+                  help="where the driver camera's frames land after the road camera's, one table each (default 0 25)")
   ap.add_argument("--seconds", type=real(0, lo_open=True), default=20.0, help="simulated seconds per vsync phase (default 20)")
   ap.add_argument("--phases", type=integer(1), default=10, help="camera/vsync phases averaged (default 10)")
   ap.add_argument("--json", type=Path, help="write every row here")
@@ -267,7 +269,7 @@ def main() -> int:
   cache: dict = {}
   for comp_ms in args.compositor_ms:
     for ui_hz in args.ui_hz:
-      for offset in PHASES.values():
+      for offset in (x * 1e3 for x in args.dm_offset_ms):
         rows += table(progs, setups, comp_ms * 1e3, ui_hz, offset, args.seconds, args.phases, cache)
   print(f"\non a comma device over KGSL (openpilot PR #37866, host time): modeld {KGSL_MS['modeld'][0]}-{KGSL_MS['modeld'][1]} ms, "
         f"dmonitoringmodeld {KGSL_MS['dmonitoringmodeld'][0]}-{KGSL_MS['dmonitoringmodeld'][1]} ms")
