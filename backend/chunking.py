@@ -16,6 +16,7 @@ from collections.abc import Callable
 DEFAULT_CHUNK_US = 2500.0   # bench_gpu_priority --executed: no vsync miss with 2.5 ms chunks at 60 Hz
 _costs: dict[str, float] = {}
 _gate: Callable[[], object] | None = None
+_idle: Callable[[], object] | None = None
 log = logging.getLogger(__name__)
 
 
@@ -29,6 +30,18 @@ def set_submit_gate(gate: Callable[[], object] | None) -> None:
 def before_submit() -> None:
   if _gate is not None:
     _gate()
+
+
+def set_idle_hook(hook: Callable[[], object] | None) -> None:
+  """A call made when this process's last submitted chunk has retired and none waits (None: none): modeld's GPU turn
+  takes its frame's mark down there, so the DM does not wait through modeld's CPU work after its GPU work."""
+  global _idle
+  _idle = hook
+
+
+def on_idle() -> None:
+  if _idle is not None:
+    _idle()
 
 
 def set_kernel_costs(costs: dict[str, float]) -> None:

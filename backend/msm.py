@@ -542,6 +542,8 @@ class MSMIface:
     while self.inflight and not fence_after(self.inflight[0].fence, fence):
       self.just_retired.append(self.inflight.popleft())
     self._reap()
+    if not self.inflight and not self.pending:
+      chunking.on_idle()   # this process's GPU work is done for now (modeld_msm/gpu_turn.py takes its mark down)
 
   def _fault_count(self) -> int:
     q = u.drm_msm_submitqueue_query(data=ctypes.addressof(n := ctypes.c_uint32()), id=self.queue_id, param=u.MSM_SUBMITQUEUE_PARAM_FAULTS, len=4)

@@ -1,4 +1,4 @@
-"""Whose turn on the GPU: modeld (the lead) marks its frame in flight on a page both model processes map, and
+"""Whose turn on the GPU: modeld (the lead) marks its frame's GPU work in flight on a page both model processes map, and
 dmonitoringmodeld (the follower) holds its next chunk back while that mark is up, so the driving model keeps its own
 time on the shared a630 (one ring, no preemption: a DM chunk in the ring delays modeld's by its length).
 
@@ -11,7 +11,7 @@ The lead never waits on anything here: nothing the follower does can slow modeld
 
 The page (one 4 KiB file, by default beside the msgq segments) holds, little-endian:
   0 magic b"GPUT" | 4 u32 version | 8 u32 seq (odd: a frame in flight; the futex word) | 12 u32 lead pid
-  16 i64 begin_ns | 24 i64 hold_until_ns (CLOCK_MONOTONIC, system-wide) | 32 u64 frames ended
+  16 i64 begin_ns | 24 i64 hold_until_ns (CLOCK_MONOTONIC, system-wide) | 32 u64 marks taken down
 The lead writes pid and times before it makes seq odd; a reader that sees a torn update takes the mark as stale and
 goes on (one chunk not held back), never as a reason to wait longer. Waits are futex waits on seq (woken by the lead's
 end) in slices of POLL_MS, so a lead killed mid-wait is noticed within one slice.
@@ -40,7 +40,7 @@ PAGE_NAME = "modeld_gpu_turn"
 MAGIC, VERSION = b"GPUT", 1
 PAGE_BYTES = 4096
 _HEAD = struct.Struct("<4sII")     # magic, version, seq
-_BODY = struct.Struct("<IqqQ")     # pid, begin_ns, hold_until_ns, frames (at offset 12)
+_BODY = struct.Struct("<IqqQ")     # pid, begin_ns, hold_until_ns, marks taken down (at offset 12)
 SEQ_OFF, BODY_OFF = 8, 12
 # the lead's promise per frame: modeld's frame is due within its 50 ms period; a longer one is not waited for
 LEAD_HOLD_MS = 40.0
@@ -141,11 +141,14 @@ class Page:
 
 
 class Lead:
-  """modeld's side: `with lead.frame(): ...` marks the frame in flight and wakes the follower when it ends."""
+  """modeld's side: `with lead.frame(): ...` around each frame; within it, the mark goes up at the frame's first chunk
+  submitted (`on_submit`) and down once its chunks have all retired (`on_idle`) or the frame ends, whichever comes first,
+  waking the follower. Outside a frame (start-up, warm-up) nothing is marked."""
 
   def __init__(self, page: Page, hold_ms: float = LEAD_HOLD_MS):
     self.page, self.hold_ns = page, int(hold_ms * 1e6)
     self.stats: Counter[str] = Counter()
+    self.armed = False
     if page.seq & 1:   # a lead before us died mid-frame: take its mark down
       self._bump()
 
@@ -157,24 +160,33 @@ class Lead:
     if self.page.seq & 1:
       return
     t = now_ns()
-    frames = self.page.body()[3]
-    _BODY.pack_into(self.page.mm, BODY_OFF, os.getpid(), t, t + self.hold_ns, frames)
+    marks = self.page.body()[3]
+    _BODY.pack_into(self.page.mm, BODY_OFF, os.getpid(), t, t + self.hold_ns, marks)
     self._bump()
 
   def end(self) -> None:
     if not self.page.seq & 1:
       return
-    pid, begin, hold, frames = self.page.body()
-    _BODY.pack_into(self.page.mm, BODY_OFF, pid, begin, hold, frames + 1)
+    pid, begin, hold, marks = self.page.body()
+    _BODY.pack_into(self.page.mm, BODY_OFF, pid, begin, hold, marks + 1)
     self._bump()
-    self.stats["frames marked"] += 1
+    self.stats["marks"] += 1
+
+  def on_submit(self) -> None:
+    if self.armed:
+      self.begin()
+
+  def on_idle(self) -> None:
+    if self.armed:
+      self.end()
 
   @contextlib.contextmanager
   def frame(self) -> Iterator[None]:
-    self.begin()
+    self.armed = True
     try:
       yield
     finally:
+      self.armed = False
       self.end()
 
 
@@ -271,7 +283,8 @@ def serve_turn(role: str) -> Lead | Follower | Off:
   """for_role() for the serving process, before its device opens: a follower's wait is installed before every chunk its
   GPU submits, and it submits FOLLOWER_INFLIGHT chunks at a time unless MSM_INFLIGHT says otherwise."""
   turn = for_role(role)
-  chunking.set_submit_gate(turn.wait_turn if isinstance(turn, Follower) else None)
+  chunking.set_submit_gate(turn.wait_turn if isinstance(turn, Follower) else turn.on_submit if isinstance(turn, Lead) else None)
+  chunking.set_idle_hook(turn.on_idle if isinstance(turn, Lead) else None)
   if isinstance(turn, Follower):
     os.environ.setdefault("MSM_INFLIGHT", str(FOLLOWER_INFLIGHT))
   if not isinstance(turn, Off):

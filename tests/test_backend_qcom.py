@@ -189,6 +189,8 @@ def test_graph_chunks_bound_kernels_in_flight(fresh, monkeypatch):
   it = dev.iface
   asked = []   # the submit gate (dmonitoringmodeld's GPU turn, modeld_msm/gpu_turn.py) is asked before every submit
   monkeypatch.setattr(chunking, "_gate", lambda: asked.append(it.stats["submits"]))
+  idle = []    # and told when all its submits retired (modeld's mark comes down there)
+  monkeypatch.setattr(chunking, "_idle", lambda: idle.append((len(it.pending), len(it.inflight))))
   ws = [Tensor.randn(4, 4, 3, 3, device=dev.device).realize() for _ in range(7)]
   @TinyJit
   def f(x):
@@ -205,6 +207,7 @@ def test_graph_chunks_bound_kernels_in_flight(fresh, monkeypatch):
   assert [j.offset for j in graph_jobs] == sorted(j.offset for j in graph_jobs) and graph_jobs[0].offset == 0
   assert it.stats["max_inflight"] == 1 and any(handles_of(x) in j.handles for j in graph_jobs)
   assert asked == list(range(asked[0], it.stats["submits"])) and len(asked) >= len(graph_jobs)
+  assert idle and set(idle) == {(0, 0)}
   if EMU:
     assert not it.node.stats.faults
     assert it.node._queues[it.queue_id].retired == it.last_fence

@@ -121,6 +121,25 @@ def test_a_lead_killed_mid_frame_does_not_hold_the_follower(page):
   assert page.seq % 2 == 0
 
 
+def test_the_lead_marks_from_its_first_chunk_to_its_last_retire_and_only_inside_a_frame(page):
+  lead = gpu_turn.Lead(page)
+  lead.on_submit()
+  assert page.seq % 2 == 0                                # start-up and warm-up submits mark nothing
+  with lead.frame():
+    assert page.seq % 2 == 0                              # the frame's CPU work before its GPU work: not marked
+    lead.on_submit()
+    lead.on_submit()
+    first = page.seq
+    assert first & 1 and page.body()[0] == os.getpid()    # up at the first chunk, once
+    lead.on_idle()
+    assert page.seq == first + 1                          # down once every chunk retired: the parse after it is CPU only
+    lead.on_submit()
+    assert page.seq == first + 2                          # a later graph of the same frame marks again
+  assert page.seq == first + 3 and page.body()[3] == 2    # and the frame's end takes any mark down
+  lead.on_idle()
+  assert page.seq == first + 3
+
+
 def test_the_chunk_loop_asks_before_every_submit_and_only_then(monkeypatch):
   """MSMIface.pump (every chunk given to the kernel) calls the gate before each submit, not while the ring is full."""
   calls: list[str] = []
@@ -162,6 +181,10 @@ def test_switch_and_foreign_page(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("MSM_INFLIGHT", "3")
     gpu_turn.serve_turn("follow")
     assert os.environ["MSM_INFLIGHT"] == "3"                                # ...unless the user said otherwise
-    assert isinstance(gpu_turn.serve_turn("lead"), gpu_turn.Lead) and chunking._gate is None
+    lead = gpu_turn.serve_turn("lead")
+    assert isinstance(lead, gpu_turn.Lead) and chunking._gate == lead.on_submit and chunking._idle == lead.on_idle
+    monkeypatch.setenv(gpu_turn.ENV_SWITCH, "off")
+    assert isinstance(gpu_turn.serve_turn("lead"), gpu_turn.Off) and chunking._gate is None and chunking._idle is None
   finally:
     chunking.set_submit_gate(None)
+    chunking.set_idle_hook(None)

@@ -318,10 +318,11 @@ def test_modeld_process_end_to_end(cpu_artifact_1928, prefix):
   # with the collector off (realtime), modeld collects between frames and says what it freed: a short run may free
   # nothing (with artifact/cpu_replay.py this one freed 0), so freeing itself is test_cycle_collector's, on planted cycles
   assert re.search(r"\d+ cyclic objects freed between frames", out), out[-2000:]
-  # modeld marked every frame on the GPU turn page the DM yields to (beside its msgq files), and took each mark down
+  # modeld leads the GPU turn the DM yields to, on a page beside its msgq files (a CPU artifact submits no GPU work, so
+  # it marks nothing: tests/test_gpu_turn.py has the marks)
   from modeld_msm import gpu_turn
-  page = gpu_turn.Page(f"/dev/shm/msgq_{prefix}/{gpu_turn.PAGE_NAME}")
-  assert page.seq % 2 == 0 and page.body()[3] >= 10 and "GPU turn: lead" in out, out[-2000:]
+  path = f"/dev/shm/msgq_{prefix}/{gpu_turn.PAGE_NAME}"
+  assert os.path.exists(path) and gpu_turn.Page(path).seq % 2 == 0 and "GPU turn: lead" in out, out[-2000:]
 
 
 @pytest.mark.slow
