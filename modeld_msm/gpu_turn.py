@@ -10,7 +10,7 @@ The follower never trusts the page blindly; every wait is bounded:
 The lead never waits on anything here: nothing the follower does can slow modeld.
 
 The page (one 4 KiB file, by default beside the msgq segments) holds, little-endian:
-  0 magic b"GPUT" | 4 u32 version | 8 u32 seq (odd: a frame in flight; the futex word) | 12 u32 lead pid
+  0 magic b"GPUT" | 4 u32 version | 8 u32 seq (odd: the lead's GPU work in flight; the futex word) | 12 u32 lead pid
   16 i64 begin_ns | 24 i64 hold_until_ns (CLOCK_MONOTONIC, system-wide) | 32 u64 marks taken down
 The lead writes pid and times before it makes seq odd; a reader that sees a torn update takes the mark as stale and
 goes on (one chunk not held back), never as a reason to wait longer. Waits are futex waits on seq (woken by the lead's
