@@ -242,6 +242,7 @@ class MSMProgram(up.QCOMProgram):
     # tinygrad picks each kernel's local size by timing candidate launches on scratch buffers. On the emulated node those
     # times are the interpreter's, not the a630's (so the choice was noise, and a full-model capture spent 20+ minutes
     # executing them): answer with the a630 model's time instead, without executing. Deterministic, so captures repeat.
+    # (backend/local_size.py normally chooses first, among more candidates; this answers any search that still runs.)
     if wait and getattr(self.dev.iface, "node", None) is not None and _called_by_local_size_search():
       # what the launch itself would refuse: too many fibers, or a local size that does not divide the global one
       if self.max_threads < prod(local_size) or max(local_size) > 1024 or any(g != int(g) for g in global_size):
