@@ -65,7 +65,8 @@ def main() -> int:
   res = {}
   for name, extra in (("unsplit", {}), ("split", {"REDUCEOP_SPLIT_THRESHOLD": str(args.split_threshold)})):
     env = {k: v for k, v in os.environ.items() if k != "REDUCEOP_SPLIT_THRESHOLD"} | FLAGS | extra
-    r = subprocess.run([sys.executable, __file__, "--child", "--k", str(args.k), "--n", str(args.n)], env=env, cwd=ROOT, capture_output=True, text=True)
+    cmd = [sys.executable, __file__, "--child", "--k", str(args.k), "--n", str(args.n)]
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if r.returncode:
       raise SystemExit(f"the {name} run failed:\n{r.stderr[-3000:]}")
     res[name] = json.loads(r.stdout.strip().splitlines()[-1])
