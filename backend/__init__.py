@@ -40,6 +40,8 @@ def install() -> None:
     from backend.qcom import QCOMDevice
     ops_qcom.QCOMDevice = QCOMDevice  # type: ignore[misc]
   Device.get_class.cache_clear()   # a lookup made before install() (nothing opened) must not keep upstream's class
+  from backend import local_size
+  local_size.install()   # acts only on the emulated node's kernels: wave-filling local sizes for QCOM captures
   _installed = True
 
 

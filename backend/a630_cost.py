@@ -6,8 +6,9 @@ time under `Constants` is
   - alu: cat1-3 and cat4 instructions issued per 64-lane wave (a partial wave issues for all 64 lanes), at the MAD rate
     over issue_eff, cat4 at sfu_ratio of it;
   - tex: texel fetches of active lanes at tex_rate; dram: ldg/stg bytes at dram_rate * dram_eff;
-  - all three over the share of SPs the launch can fill (a workgroup runs on one SP: one group leaves the other idle) and
-    over an occupancy factor min(1, waves per SP / hide_waves): too few waves cannot hide fetch latency.
+  - all three over the share of SPs the launch can fill (a workgroup runs on one SP: one group leaves the other idle, three
+    load them 2:1) and over an occupancy factor min(1, waves on the busiest SP / hide_waves): too few waves cannot hide
+    fetch latency.
 Sourced (docs/anchors.md §4): the 710 MHz clock, the THREAD64 MAD peak (345.6 GFLOPS = 172.8 G lane-MADs/s), the
 LPDDR4X-3733 rate (29.9 GB/s), the 64-lane wave tinygrad launches. Every other constant is in UNSOURCED with the range
 the estimate's band is taken over; `fit` moves them to match measured times (docs/a630-time.md).
@@ -71,14 +72,35 @@ def _arrays(work: list[Work]) -> dict[str, np.ndarray]:
   waves_per_group = np.ceil(np.maximum(a["group_size"], 1) / WAVE)
   a["waves"] = a["groups"] * waves_per_group
   a["pad"] = a["waves"] * WAVE / np.maximum(a["fibers"], 1)   # issued lanes per active lane
-  a["sp_share"] = np.minimum(a["groups"], N_SP) / N_SP
+  groups = np.maximum(a["groups"], 1)
+  a["sp_share"] = groups / (N_SP * np.ceil(groups / N_SP))   # the busiest SP gets ceil(groups / N_SP) workgroups
   return a
+
+
+# *** a launch shape alone: what the local-size choice ranks (backend/local_size.py) ***
+
+GROUP_OVERHEAD_WAVES = 0.25   # per workgroup on an SP: its start and the state it loads, in waves of issue
+MAX_GROUP_FIBERS = 256        # bigger workgroups gain nothing here and, on the chip, fewer of them fit an SP at once
+
+
+def busiest_sp_waves(groups: int, group_size: int) -> int:
+  """Waves the busiest SP issues: workgroups go whole to one SP, and a partial wave issues for all 64 lanes."""
+  return math.ceil(max(groups, 1) / N_SP) * math.ceil(max(group_size, 1) / WAVE)
+
+
+def shape_cost(groups: int, group_size: int, c: Constants = DEFAULT) -> float:
+  """A launch's relative time by its shape, for the same work per fiber: the busiest SP's issued waves, at least
+  hide_waves (below that the model's occupancy factor makes latency the bound), so this is proportional to the ALU term
+  `_terms` gives such a dispatch; plus a per-workgroup overhead on that SP, more for oversized groups, which ranks shapes
+  the terms tie. Only the ranking between shapes of one launch means anything."""
+  per_group = GROUP_OVERHEAD_WAVES + max(0, group_size - MAX_GROUP_FIBERS) / WAVE
+  return max(busiest_sp_waves(groups, group_size), c.hide_waves) + math.ceil(max(groups, 1) / N_SP) * per_group
 
 
 def _terms(a: dict[str, np.ndarray], c: Constants) -> np.ndarray:
   """[3, n] seconds: ALU, DRAM, TEX of each dispatch, before launch overhead and overlap."""
   sp = np.maximum(a["sp_share"], 1e-9)
-  occ = np.minimum(1.0, a["waves"] / np.maximum(a["sp_share"] * N_SP, 1) / c.hide_waves)
+  occ = np.minimum(1.0, a["waves"] / (sp * N_SP) / c.hide_waves)   # waves on the busiest SP
   alu = (a["alu"] + a["sfu"] / c.sfu_ratio) * a["pad"] / (MAD_LANES_PER_S * c.issue_eff)
   dram = a["nbytes"] / (DRAM_PEAK * c.dram_eff)
   tex = a["tex"] / c.tex_rate

@@ -15,7 +15,6 @@ import contextlib
 import contextvars
 import ctypes
 import functools
-import math
 import os
 import sys
 import types
@@ -28,7 +27,7 @@ from tinygrad.runtime import ops_qcom as up
 from tinygrad.runtime.support.hcq import HCQBuffer, HCQCompiled, MMIOInterface
 from tinygrad.uop.ops import UOp
 
-from backend import chunking
+from backend import a630_cost, chunking
 from backend.msm import EMUIface, GemBuffer, Job, KGSLIface, MSMFault, MSMIface, MSMTimeout
 
 _IFACE: contextvars.ContextVar[MSMIface] = contextvars.ContextVar("msm_iface")
@@ -243,6 +242,7 @@ class MSMProgram(up.QCOMProgram):
     # tinygrad picks each kernel's local size by timing candidate launches on scratch buffers. On the emulated node those
     # times are the interpreter's, not the a630's (so the choice was noise, and a full-model capture spent 20+ minutes
     # executing them): answer with the a630 model's time instead, without executing. Deterministic, so captures repeat.
+    # (backend/local_size.py normally chooses first, among more candidates; this answers any search that still runs.)
     if wait and getattr(self.dev.iface, "node", None) is not None and _called_by_local_size_search():
       # what the launch itself would refuse: too many fibers, or a local size that does not divide the global one
       if self.max_threads < prod(local_size) or max(local_size) > 1024 or any(g != int(g) for g in global_size):
@@ -251,17 +251,10 @@ class MSMProgram(up.QCOMProgram):
     return super().__call__(*bufs, global_size=global_size, local_size=local_size, vals=vals, wait=wait, timeout=timeout)
 
 
-WAVE = 64                  # fibers per wave with the 64-thread waves tinygrad's QCOM queue launches
-GROUP_OVERHEAD_WAVES = 0.25
-MAX_GROUP_FIBERS = 256     # bigger workgroups gain nothing in the model and cost occupancy on the chip
-
-
 def modelled_launch_s(global_size, local_size) -> float:
-  """A launch's relative a630 cost by its shape: waves issued (a partial wave costs a whole one) plus a per-workgroup
-  overhead, so full waves in few, not oversized, groups win. Only the ranking matters."""
-  fibers, groups = prod(local_size), prod(global_size)
-  over = max(0, fibers - MAX_GROUP_FIBERS) / WAVE
-  return groups * (math.ceil(fibers / WAVE) + GROUP_OVERHEAD_WAVES + over) * 1e-9
+  """A launch's relative a630 cost by its shape (`global_size` in workgroups, as tinygrad launches): the cost model's
+  `shape_cost`, the one backend/local_size.py ranks candidates by. Only the ranking matters."""
+  return a630_cost.shape_cost(int(prod(global_size)), int(prod(local_size))) * 1e-9
 
 
 _REALIZE_FILE = os.path.join("tinygrad", "engine", "realize.py")

@@ -2,9 +2,11 @@
 
 Level A computes nothing, so these assert fences, signals, BO tables and validation, not numbers.
 """
+import ast
 import errno
 import gc
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -600,6 +602,18 @@ def test_process_with_a_lost_fence_exits_and_says_so():
   assert "abandoned" in r.stderr and "not retired" in r.stderr, r.stderr[-3000:]
 
 
+def test_local_size_candidates_are_every_divisor_and_fill_waves_on_both_sps():
+  from backend import local_size as ls
+  assert ls.divisors(1350) == [1, 2, 3, 5, 6, 9, 10, 15, 18, 25, 27, 30, 45, 50, 54, 75, 90, 135, 150, 225, 270, 450, 675, 1350]
+  cands = ls.candidates((1350, 4, 1), 256)
+  assert all(1350 % a == 0 and 4 % b == 0 and c == 1 and a * b * c <= 256 for a, b, c in cands) and (225, 1, 1) in cands
+  # 1350 fibers: 225-fiber groups (6 groups of 4 waves, 88 % of lanes busy), not the 2-fiber ones powers of two allow
+  assert ls.choose((1350, 1, 1), 1024) == (225, 1, 1)
+  assert ls.choose((1350, 1, 1), 128) == (54, 1, 1)       # within what the program's registers allow
+  assert ls.choose((256, 1, 1), 1024) == (128, 1, 1)      # two groups: both SPs work, not one 256-fiber group
+  assert ls.choose((512, 24, 1), 256) == (32, 8, 1)       # where powers of two already fill waves, tinygrad's choice stays
+
+
 def test_local_size_model_ranks_full_waves_in_few_groups():
   from backend.qcom import modelled_launch_s
   # 4096 fibers: 64-wide groups (64 groups of one wave) beat 48-wide (86 groups, partial waves) and 16-wide (256 groups)
@@ -625,13 +639,22 @@ def test_local_size_search_is_answered_by_the_model_not_executed():
     assert np.allclose(r.numpy(), (a.numpy() * 3 + 1).sum(axis=1), rtol=1e-5)
     from tinygrad.engine.realize import local_size_cache
     print(dev.iface.node.stats.dispatches - d0, sorted(local_size_cache.values()))
+    # 4050 rows, 1350 fibers after tinygrad's upcast: of the powers of two only 1 and 2 divide it, and 1350 > 1024
+    b = Tensor(np.random.default_rng(1).random((4050, 16), dtype=np.float32)).realize()
+    before = set(local_size_cache)
+    s = (b * 2).sum(axis=1).realize()
+    assert np.allclose(s.numpy(), (b.numpy() * 2).sum(axis=1), rtol=1e-5)
+    print([v for k, v in local_size_cache.items() if k not in before])
   """
   # NOLOCALS leaves local sizes to the search, as under openpilot's QCOM flags
   runs = [run_script(code, NOLOCALS="1", EMU_EXEC="1") for _ in range(2)]
   assert all(r.returncode == 0 for r in runs), runs[0].stderr
-  outs = [r.stdout.strip().splitlines()[-1] for r in runs]
+  outs = [r.stdout.strip().splitlines()[-2:] for r in runs]
   assert outs[0] == outs[1], outs                      # deterministic across processes
-  assert outs[0].split(" ", 1)[0] == "1" and "(" in outs[0], outs[0]   # searched, yet one real dispatch: no probes
+  assert outs[0][0].split(" ", 1)[0] == "1" and "(" in outs[0][0], outs[0]   # searched, yet one real dispatch: no probes
+  (chosen,) = ast.literal_eval(outs[0][1])
+  fibers = math.prod(chosen)
+  assert fibers >= 64 and fibers / (math.ceil(fibers / 64) * 64) >= 0.8, chosen   # not 2-fiber groups: waves filled
 
 
 @emu_only
