@@ -120,7 +120,7 @@ def main() -> int:
     print(f"| {name} | {med * 1e3:.3f} ms / {p90 * 1e3:.3f} ms | {med / rows[0][1]:.3f}x |")
   for g in (packed_gem, *frame_gems, *small_gems):
     it.free(g)
-  del cams   # views of the mappings: gone before the mappings close
+  cams.clear()   # views of the mappings: gone before the mappings close
   for m in maps:
     m.close()
   for fd in fds:
