@@ -48,7 +48,7 @@ class StatefulProgram:
     self.device, self.nv12 = device, nv12
     self.model, self.dtypes = one_model.runner(info, device, cpu_ops)
     self.layout_rewrites: dict[str, int] = {}
-    self.packed_size, self.layout = packed_layout(packed_members(info), (nv12.width, nv12.height))
+    _, self.layout = packed_layout(packed_members(info), (nv12.width, nv12.height))
     self.state_specs = graph_states(info)
     self.states = {name: Tensor.zeros(*shape, dtype=_DTYPES[dt], device=device).contiguous().realize()
                    for name, (shape, dt) in self.state_specs.items()}
