@@ -245,3 +245,25 @@ frame (the packed buffer); a record whose packed layout is not the kind's is ref
   assert "holds desire float32 8 at byte 132 where the stateful kind's layout has desire float32 8 at byte 128" in bad.stderr
   dm = run_cli("serve-dm", "--artifact", out, timeout=120)
   assert dm.returncode == 2 and "stateful driving model" in dm.stderr and "Traceback" not in dm.stderr, dm.stderr
+
+
+def test_a_graph_whose_host_inputs_pack_otherwise_is_refused(infos, tmp_path):
+  """The layout the program reads comes from the graph's inputs (their order included); the artifact records the kind's and
+  the runtime fills that one: a graph declaring action_t before desire would have both read from the wrong bytes, so the
+  compile refuses it by name before anything is captured."""
+  import onnx
+
+  from compile.programs import recipe_of
+  from selfdrive_glue.errors import UserError
+  _, _, sinfo = infos
+  m = onnx.load(str(sinfo.path))
+  ins = {i.name: i for i in m.graph.input}
+  order = [n if n not in ("desire", "action_t") else {"desire": "action_t", "action_t": "desire"}[n] for n in ins]
+  reordered = [onnx.helper.make_tensor_value_info(n, ins[n].type.tensor_type.elem_type, [d.dim_value for d in ins[n].type.tensor_type.shape.dim])
+               for n in order]
+  del m.graph.input[:]
+  m.graph.input.extend(reordered)
+  onnx.save(m, str(tmp_path / "driving_supercombo.onnx"))
+  info = load_model_info(tmp_path / "driving_supercombo.onnx", "stateful")
+  with pytest.raises(UserError, match=r"pack as \(tfm 2x3x3, action_t 1x2, traffic_convention 1x2, desire 8, .*the stateful kind's buffer as \(tfm 2x3x3, desire 8"):
+    recipe_of(kinds.KINDS["stateful"]).build({"stateful": info}, NV, "CPU", "fp32", False, "master")
