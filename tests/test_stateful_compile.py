@@ -225,6 +225,7 @@ frame (the packed buffer); a record whose packed layout is not the kind's is ref
                             "state_feat_q": {"shape": [96, 1, 512], "dtype": "float32"}}
   v = run_cli("verify", out, timeout=120)
   assert v.returncode == 0 and "kind     stateful" in v.stdout and "driving_step.pkl (step)" in v.stdout, v.stdout + v.stderr
+  assert "tfm @0, desire @128, traffic_convention @256, action_t @384, frame @512, big_frame @1622528" in v.stdout, v.stdout
   ms = ModelState(out)
   assert ms.warp is None and ms.reads_action_t
   buf = np.random.default_rng(0).integers(0, 256, NV.size, dtype=np.uint8)
