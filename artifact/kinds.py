@@ -177,7 +177,8 @@ def _io_line(io: dict) -> str:
 
 
 def _member_line(m: dict) -> str:
-  return f"{m.get('name')} {m.get('dtype')} {'x'.join(map(str, m.get('shape') or ()))} at byte {m.get('offset')}"
+  shape = m.get("shape")
+  return f"{m.get('name')} {m.get('dtype')} {'x'.join(map(str, shape)) if isinstance(shape, list) else shape} at byte {m.get('offset')}"
 
 
 def _packed_mismatch(file: str, name: str, got: list, want: list[dict], kind: str) -> str | None:
