@@ -173,7 +173,7 @@ class VerifiedArtifact:
   def programs(self) -> dict[str, dict[str, Any]]:
     """{pickle: {"role", "inputs", "outputs"}} in the order the programs' arguments take: as compiled (metadata "programs"),
     or, for an artifact written before it recorded them, its kind's."""
-    return self.meta.get("programs") or self.spec.specs()
+    return self.meta.get("programs") or self.spec.specs(self.camera)
 
   def program(self, role: str) -> tuple[str, dict[str, Any]]:
     """(pickle, spec) of the program with this role ("step", "warp")."""
@@ -250,7 +250,7 @@ def verify_artifact(path: str | Path, device: str | None = None, camera: tuple[i
     want = kinds.served_by(process)
     raise ArtifactError(f"artifact {path} holds the {art.spec.title}, not the {' or '.join(k.title for k in want)}; pass the artifact compiled "
                         f"for it (`modeld-msm compile {want[0].compile_flags}`), or a bundle")
-  if (why := kinds.mismatch(art.programs, art.spec)) is not None:
+  if (why := kinds.mismatch(art.programs, art.spec, art.camera)) is not None:
     raise ArtifactError(f"artifact {path}: {why}; {REBUILD_HINT}")
   for prog in art.programs:
     if prog not in listed:

@@ -14,9 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# input roles: a camera frame (flat uint8 NV12, its size the artifact's camera) or an array the host writes in place every
-# frame; state the programs keep on the device between frames is no argument: the artifact records it apart ("states")
-FRAME, HOST = "frame", "host"
+from selfdrive_glue.nv12 import nv12_info
+
+# input roles: a camera frame (flat uint8 NV12, its size the artifact's camera), an array the host writes in place every
+# frame, or one packed uint8 host buffer holding several of those (its members) that goes up in one copy; state the
+# programs keep on the device between frames is no argument: the artifact records it apart ("states")
+FRAME, HOST, PACKED = "frame", "host", "packed"
+# every member of a packed buffer starts at a multiple of this many bytes (master pads each float array to it)
+PACK_ALIGN = 128
+_ITEMSIZE = {"uint8": 1, "float16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -26,10 +32,38 @@ class IO:
   shape: tuple[int, ...] | None = None      # None: a frame, flat, as many bytes as the camera's NV12 layout
   dtype: str = "float32"
   slices: str | None = None                 # outputs: which model's output_slices cut it (metadata "models")
+  members: tuple[IO, ...] = ()              # a PACKED input: what its one buffer holds, in order (frames as camera-sized members)
 
-  def as_meta(self) -> dict:
+  def as_meta(self, camera: tuple[int, int] | None = None) -> dict:
+    """camera: the artifact's (width, height), which sizes a packed input (its frames) and places its members."""
+    if self.role == PACKED:
+      if camera is None:
+        raise ValueError(f"the packed input '{self.name}' is laid out for a camera size; pass one")
+      size, members = packed_layout(self.members, camera)
+      return {"name": self.name, "role": self.role, "shape": [size], "dtype": self.dtype, "members": members}
     return {"name": self.name, "role": self.role, "shape": list(self.shape) if self.shape is not None else None, "dtype": self.dtype,
             **({"slices": self.slices} if self.slices is not None else {})}
+
+
+def frame_bytes(camera: tuple[int, int]) -> int:
+  """The bytes of one camera frame as a packed buffer holds it: the NV12 planes (stride x (Y rows + UV rows)), not the
+  VisionIPC buffer's padded tail, which no warp reads."""
+  nv = nv12_info(*camera)
+  return nv.stride * (nv.y_height + nv.uv_height)
+
+
+def packed_layout(members: tuple[IO, ...], camera: tuple[int, int]) -> tuple[int, list[dict]]:
+  """-> (the buffer's bytes, each member as {"name", "role", "offset", "shape", "dtype"}): the members in order, each at the
+  next multiple of PACK_ALIGN bytes; a frame member (shape None) is frame_bytes(camera) of uint8."""
+  out, at = [], 0
+  for m in members:
+    shape = list(m.shape) if m.shape is not None else [frame_bytes(camera)]
+    n = _ITEMSIZE[m.dtype]
+    for d in shape:
+      n *= d
+    out.append({"name": m.name, "role": m.role, "offset": at, "shape": shape, "dtype": m.dtype})
+    at += -(-n // PACK_ALIGN) * PACK_ALIGN
+  return at, out
 
 
 @dataclass(frozen=True)
@@ -39,8 +73,8 @@ class Program:
   inputs: tuple[IO, ...]
   outputs: tuple[IO, ...]
 
-  def as_meta(self) -> dict:
-    return {"role": self.role, "inputs": [i.as_meta() for i in self.inputs], "outputs": [o.as_meta() for o in self.outputs]}
+  def as_meta(self, camera: tuple[int, int] | None = None) -> dict:
+    return {"role": self.role, "inputs": [i.as_meta(camera) for i in self.inputs], "outputs": [o.as_meta() for o in self.outputs]}
 
 
 @dataclass(frozen=True)
@@ -63,9 +97,9 @@ class Kind:
   def program(self, role: str) -> Program:
     return next(p for p in self.programs if p.role == role)
 
-  def specs(self) -> dict[str, dict]:
-    """The programs as the artifact's metadata records them."""
-    return {p.file: p.as_meta() for p in self.programs}
+  def specs(self, camera: tuple[int, int] | None = None) -> dict[str, dict]:
+    """The programs as the artifact's metadata records them (camera: needed by a kind with a packed input)."""
+    return {p.file: p.as_meta(camera) for p in self.programs}
 
 
 POLICY_PKL, WARP_PKL, DM_PKL, STEP_PKL = "driving_policy.pkl", "driving_warp.pkl", "dmonitoring_model.pkl", "driving_step.pkl"
@@ -92,7 +126,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
   Kind("stateful", "stateful driving model of openpilot master since 2026-09 (modeld)",
        "master's stateful model (driving_supercombo.onnx since 2026-09)", "modeld", ("stateful",),
        ("driving_supercombo.onnx",), "--model",
-       (Program(STEP_PKL, "step", (*_FRAMES, _DESIRE, _TRAFFIC, IO("action_t", HOST, (1, 2)), *_TFMS),
+       # master's one upload per frame: both transforms, the graph's host inputs in its order, both frames (one copy of the lot)
+       (Program(STEP_PKL, "step", (IO("packed", PACKED, dtype="uint8", members=(IO("tfm", HOST, (2, 3, 3)), _DESIRE, _TRAFFIC,
+                                                                                IO("action_t", HOST, (1, 2)), *_FRAMES)),),
                 (IO("outputs", "output", slices="stateful"),)),),
        openpilot="master", aliases=("master-2026-09",), action_head=True, renamed_services=True),
   Kind("dmonitoring", "driver-monitoring model (dmonitoringmodeld)", "dmonitoring_model.onnx", "dmonitoringmodeld", ("dmonitoring",),
@@ -140,11 +176,31 @@ def _io_line(io: dict) -> str:
   return f"{io.get('role')} {io.get('dtype')} {shape}"
 
 
-def mismatch(programs: object, kind: Kind) -> str | None:
+def _member_line(m: dict) -> str:
+  shape = m.get("shape")
+  return f"{m.get('name')} {m.get('dtype')} {'x'.join(map(str, shape)) if isinstance(shape, list) else shape} at byte {m.get('offset')}"
+
+
+def _packed_mismatch(file: str, name: str, got: list, want: list[dict], kind: str) -> str | None:
+  """Why a packed input's recorded members are not the kind's layout: the first member that differs in name, role,
+  place, shape or dtype (the runtime fills and the program reads the buffer by this layout)."""
+  if not isinstance(got, list) or not all(isinstance(m, dict) for m in got):
+    return f"{file}'s packed input '{name}' records no layout of its members"
+  for i, w in enumerate(want):
+    g = got[i] if i < len(got) else None
+    if g is None or any(g.get(f) != w[f] for f in ("name", "role", "offset", "shape", "dtype")):
+      have = _member_line(g) if g is not None else "nothing"
+      return f"{file}'s packed input '{name}' holds {have} where the {kind} kind's layout has {_member_line(w)}"
+  if len(got) > len(want):
+    return f"{file}'s packed input '{name}' holds {_member_line(got[len(want)])} past the {kind} kind's layout"
+  return None
+
+
+def mismatch(programs: object, kind: Kind, camera: tuple[int, int] | None = None) -> str | None:
   """Why an artifact's recorded programs (metadata "programs") are not its kind's, in one line naming the first
   difference; None when each program has the kind's inputs and outputs, by name, role, dtype and shape (in any order: the
-  runtime binds by name)."""
-  want = kind.specs()
+  runtime binds by name), and each packed input the kind's layout for the artifact's camera."""
+  want = kind.specs(camera)
   if not isinstance(programs, dict) or not all(isinstance(p, dict) for p in programs.values()):
     return "its metadata's \"programs\" is not a table of programs"
   if set(programs) != set(want):
@@ -161,10 +217,15 @@ def mismatch(programs: object, kind: Kind) -> str | None:
       if len(g) != len(g_list):
         return f"{file} names an {side[:-1]} twice"
       if missing := [n for n in ww if n not in g]:
+        if ww[missing[0]]["role"] == PACKED:
+          return (f"{file} takes {', '.join(g) or 'nothing'} as separate inputs: it was compiled before the {kind.name} kind took them "
+                  f"in one packed host buffer '{missing[0]}' (2026-12)")
         return f"{file} has no {side[:-1]} '{missing[0]}' ({_io_line(ww[missing[0]])}), which the {kind.name} kind has"
       if extra := [n for n in g if n not in ww]:
         return f"{file} has an {side[:-1]} '{extra[0]}' the {kind.name} kind does not have"
       for n, x in ww.items():
+        if x["role"] == PACKED and (why := _packed_mismatch(file, n, g[n].get("members"), x["members"], kind.name)) is not None:
+          return why
         if any(g[n].get(f) != x.get(f) for f in ("role", "dtype", "shape", "slices")):
           return f"{file}'s {side[:-1]} '{n}' is {_io_line(g[n])}, the {kind.name} kind's is {_io_line(x)}"
   return None

@@ -73,7 +73,7 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
   beam = {"BEAM": searched["beam"]} if searched else {}
   if searched:
     cpu_search.install(searched)
-  specs = {p.role: p.as_meta() for p in kind.programs}
+  specs = {p.role: p.as_meta(camera) for p in kind.programs}
   plan = recipe.plan
   with Context(**cap.flags, **beam):
     nv = nv12_info(*camera)
@@ -142,7 +142,7 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
 
   meta = cap.meta(camera, nv, tuple(infos.values()), compute, why, kernel_us, kind.name)
   extra = recipe.meta(prog, use_layout, layout_why, searched, search_why)
-  meta.update({**extra, "cpu_threads": cap.threads, "programs": kind.specs(),
+  meta.update({**extra, "cpu_threads": cap.threads, "programs": kind.specs(camera),
                "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, **extra["validation"]}})
   art_mod.write_artifact(out_dir, files, meta)
   report.timings["total"] = time.perf_counter() - t0

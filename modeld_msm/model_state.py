@@ -51,7 +51,7 @@ class ModelState:
 
   def _warm_up(self) -> None:
     if self.warp is not None:   # like openpilot: warm the warp once
-      self._call(self.warp, self._frame("main", self._zero), self._frame("extra", self._zero))
+      self._call(self.warp, {"frame": self._frame("main", self._zero), "big_frame": self._frame("extra", self._zero)})
 
   def reset(self) -> None:
     """Back to the state of a freshly loaded artifact (device queues zero, desire pulse and host inputs cleared, warp warmed),
@@ -73,8 +73,21 @@ class ModelState:
   def _frame(self, key: str, buf: np.ndarray, upload: bool = False):
     return self.frames.get(key, buf, upload)
 
-  def _call(self, program: NamedProgram, frame, big_frame) -> dict[str, Tensor]:
-    return program({"frame": frame, "big_frame": big_frame, **self.host_t})
+  def _frames_in(self, buf: np.ndarray, big_buf: np.ndarray) -> dict[str, Tensor]:
+    """The frames as the programs take them: a frame that is a member of a packed host buffer has its bytes copied into it
+    (uploaded with the rest in the program's one copy, as master does); any other is a device tensor (FrameTensors)."""
+    out = {}
+    for name, key, b in (("frame", "main", buf), ("big_frame", "extra", big_buf)):
+      if (dst := self.host.get(name)) is not None:
+        if b.dtype != np.uint8 or b.size < dst.size:
+          raise ValueError(f"camera buffer of {b.size} bytes ({b.dtype}) is smaller than the {dst.size}-byte NV12 frame")
+        dst[:] = b.reshape(-1)[:dst.size]
+      else:
+        out[name] = self._frame(key, b, upload=True)
+    return out
+
+  def _call(self, program: NamedProgram, frames: dict[str, Tensor]) -> dict[str, Tensor]:
+    return program({**frames, **self.host_t})
 
   def run(self, buf: np.ndarray, big_buf: np.ndarray, tfm: np.ndarray, big_tfm: np.ndarray, desire: np.ndarray,
           traffic_convention: np.ndarray, prepare_only: bool,
@@ -87,18 +100,21 @@ class ModelState:
     self.host["desire"][:] = np.where(desire - self.prev_desire > .99, desire, 0)
     self.prev_desire[:] = desire
     self.host["traffic_convention"][:] = traffic_convention
-    self.host["tfm"][:] = tfm
-    self.host["big_tfm"][:] = big_tfm
+    if "big_tfm" in self.host:
+      self.host["tfm"][:] = tfm
+      self.host["big_tfm"][:] = big_tfm
+    else:   # one input holds both cameras' transforms, main first (master's packed (2,3,3))
+      self.host["tfm"][:] = (tfm, big_tfm)
     if action_t is not None and "action_t" in self.host:
       self.host["action_t"][:] = action_t
-    frame, big_frame = self._frame("main", buf, upload=True), self._frame("extra", big_buf, upload=True)
+    frames = self._frames_in(buf, big_buf)
     if prepare_only and self.warp is not None:
       t0 = time.perf_counter()
-      self._call(self.warp, frame, big_frame)
+      self._call(self.warp, frames)
       self.last_times = (time.perf_counter() - t0, 0.0)
       return None, None
     t0 = time.perf_counter()
-    raws = {name: read_output(t) for name, t in self._call(self.step, frame, big_frame).items()}
+    raws = {name: read_output(t) for name, t in self._call(self.step, frames).items()}
     t1 = time.perf_counter()
     sliced: dict[str, np.ndarray] = {}
     for name, raw in raws.items():

@@ -11,7 +11,7 @@ import numpy as np
 from tinygrad import Tensor
 
 from artifact import kinds
-from artifact.kinds import HOST
+from artifact.kinds import HOST, PACKED
 from selfdrive_glue.errors import UserError
 
 
@@ -30,19 +30,33 @@ class NamedProgram:
     return dict(zip(self.outputs, out if isinstance(out, tuple) else (out,)))
 
   def require(self, provided: set[str]) -> None:
-    """Refuse, in one line, a program that reads an input the caller does not provide."""
-    if missing := [n for n in self.inputs if n not in provided]:
+    """Refuse, in one line, a program that reads an input the caller does not provide (a packed input: any of its members)."""
+    reads = [m["name"] for io in self.specs.values() for m in (io.get("members") or ()) if io["role"] == PACKED]
+    reads += [n for n in self.inputs if self.specs[n]["role"] != PACKED]
+    if missing := [n for n in reads if n not in provided]:
       raise UserError(f"{self.file} reads the input '{missing[0]}', which this process does not provide; use an artifact of a kind it serves")
 
 
 def host_arrays(spec: dict[str, Any]) -> dict[str, np.ndarray]:
-  """Zeroed arrays for a program's host inputs, shaped and typed as it records them: the caller writes them in place."""
-  return {io["name"]: np.zeros(tuple(io["shape"]), np.dtype(io["dtype"])) for io in spec["inputs"] if io["role"] == HOST}
+  """Zeroed arrays for a program's host inputs, shaped and typed as it records them: the caller writes them in place.
+  A packed input is one uint8 array under its own name, and each of its members (host arrays and frames alike) a view
+  of it at the offset the spec records, so what the caller writes by a member's name is already in the one buffer."""
+  out: dict[str, np.ndarray] = {}
+  for io in spec["inputs"]:
+    if io["role"] == HOST:
+      out[io["name"]] = np.zeros(tuple(io["shape"]), np.dtype(io["dtype"]))
+    elif io["role"] == PACKED:
+      buf = out[io["name"]] = np.zeros(tuple(io["shape"]), np.uint8)
+      for m in io["members"]:
+        dt, shape = np.dtype(m["dtype"]), tuple(m["shape"])
+        out[m["name"]] = buf[m["offset"]:m["offset"] + dt.itemsize * int(np.prod(shape))].view(dt).reshape(shape)
+  return out
 
 
-def host_of(kind: kinds.Kind = kinds.DEFAULT) -> dict[str, np.ndarray]:
-  """Zeroed host inputs of a kind's step program, for tools and tests that call its programs directly."""
-  return host_arrays(kind.program("step").as_meta())
+def host_of(kind: kinds.Kind = kinds.DEFAULT, camera: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+  """Zeroed host inputs of a kind's step program, for tools and tests that call its programs directly (camera: for a kind
+  with a packed input, whose frames it holds)."""
+  return host_arrays(kind.program("step").as_meta(camera))
 
 
 def host_tensors(arrays: dict[str, np.ndarray]) -> dict[str, Tensor]:

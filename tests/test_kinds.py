@@ -101,6 +101,34 @@ def test_mismatch_names_the_first_difference():
   assert "not a table" in kinds.mismatch(["x"], kind)
 
 
+def test_a_packed_input_is_laid_out_from_the_registry_and_checked_member_by_member():
+  """The stateful kind's one packed host buffer: master's order (both transforms, the host inputs, both frames), each member
+  at a multiple of 128 bytes, the frames as the camera's NV12 planes; the runtime's arrays are views of the one buffer; a
+  record that places a member elsewhere, or an artifact from before the packing, is refused naming what differs."""
+  kind, cam = kinds.KINDS["stateful"], (1928, 1208)
+  with pytest.raises(ValueError, match="camera size"):
+    kind.specs()
+  (packed,) = kind.specs(cam)["driving_step.pkl"]["inputs"]
+  frame = 2048 * (1216 + 608)
+  assert [(m["name"], m["offset"], m["shape"]) for m in packed["members"]] == [
+    ("tfm", 0, [2, 3, 3]), ("desire", 128, [8]), ("traffic_convention", 256, [1, 2]), ("action_t", 384, [1, 2]),
+    ("frame", 512, [frame]), ("big_frame", 512 + frame, [frame])]
+  assert packed["shape"] == [512 + 2 * frame] and packed["dtype"] == "uint8"
+  host = host_arrays(kind.program("step").as_meta(cam))
+  host["desire"][3], host["big_frame"][0] = 1.5, 7
+  assert np.frombuffer(host["packed"][128 + 12:128 + 16].tobytes(), np.float32)[0] == 1.5 and host["packed"][512 + frame] == 7
+  good = kind.specs(cam)
+  assert kinds.mismatch(good, kind, cam) is None
+  assert "holds frame uint8" in kinds.mismatch(good, kind, (1344, 760))   # another camera: other frame sizes and places
+  moved = json.loads(json.dumps(good))
+  moved["driving_step.pkl"]["inputs"][0]["members"][2]["offset"] = 260
+  assert kinds.mismatch(moved, kind, cam) == ("driving_step.pkl's packed input 'packed' holds traffic_convention float32 1x2 at byte 260 "
+                                             "where the stateful kind's layout has traffic_convention float32 1x2 at byte 256")
+  old = json.loads(json.dumps(good))
+  old["driving_step.pkl"]["inputs"] = [{"name": n, "role": "host", "shape": None, "dtype": "float32"} for n in ("frame", "big_frame", "desire")]
+  assert "compiled before the stateful kind took them in one packed host buffer 'packed'" in kinds.mismatch(old, kind, cam)
+
+
 @pytest.mark.xdist_group("cpu_artifact_1928")
 def test_the_artifact_records_its_programs_and_verify_checks_them(cpu_artifact_1928, tmp_path, cli):
   meta = json.loads((cpu_artifact_1928 / METADATA).read_text())

@@ -30,6 +30,8 @@ def run(args) -> int:
   for file, prog in art.programs.items():
     outs = ", ".join(o["name"] for o in prog["outputs"]) or "its state only"
     print(f"  program  {file} ({prog['role']}): {', '.join(i['name'] for i in prog['inputs'])} -> {outs}")
+    for i in (i for i in prog["inputs"] if i.get("members")):   # a packed input: its layout, as the runtime fills it
+      print(f"  packed   {i['name']} ({i['shape'][0]} bytes, one upload): " + ", ".join(f"{x['name']} @{x['offset']}" for x in i["members"]))
   print(f"  camera   {art.camera[0]}x{art.camera[1]}  device {m['device']}  load target {m['load_target']}")
   print(f"  renderer {m['renderer']}  arch {m['arch']}  host {m['host']}")
   if prec := m.get("precision"):

@@ -6,11 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from artifact.kinds import Kind
+import numpy as np
+
+from artifact.kinds import Kind, frame_bytes
+from compile.checks import StepInputs
 from compile.onnx_model import OnnxModelInfo
 from compile.programs import one_model
 from compile.programs.driving import with_action_t
 from compile.programs.stateful_step import StatefulProgram
+from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import NV12Info
 
 # 9 full steps: from the 5th on, a frame the program pushed itself is read back from its image state (rows t-4 and t)
@@ -42,7 +46,14 @@ class Recipe:
     return None, "none shipped for this contract (tinygrad's heuristic opts)"
 
   def build(self, infos: dict[str, OnnxModelInfo], nv: NV12Info, device: str, compute: str, layout: bool, openpilot: str) -> StatefulProgram:
-    return one_model.build(StatefulProgram, infos["stateful"], nv, device, compute, layout, "stateful")
+    prog = one_model.build(StatefulProgram, infos["stateful"], nv, device, compute, layout, "stateful")
+    # the layout the program reads (from the graph) is the one the artifact records and the runtime fills (the kind's)
+    (packed,) = self.kind.program("step").as_meta((nv.width, nv.height))["inputs"]
+    if prog.layout != packed["members"]:
+      got, want = (", ".join(f"{m['name']} {'x'.join(map(str, m['shape']))}" for m in ms) for ms in (prog.layout, packed["members"]))
+      raise UserError(f"this model's host inputs pack as ({got}), the {self.kind.name} kind's buffer as ({want}); "
+                      "a graph with other host inputs or another order is not this contract")
+    return prog
 
   def runners(self, prog: StatefulProgram) -> dict[str, Any]:
     return {"stateful": prog.model}
@@ -54,12 +65,16 @@ class Recipe:
     return {"step": prog.jits()}
 
   def inputs(self, nv: NV12Info, device: str, seed: int) -> list[dict[str, Any]]:
-    """The driving compile's seeded frames and host inputs, plus an action_t per step."""
-    return with_action_t(nv, device, seed, len(STEP_PLAN))
+    """The driving compile's seeded frames and host inputs, plus an action_t per step, as the members of the packed buffer
+    (written into it by name): both transforms in one (2,3,3), each frame's NV12 planes."""
+    n = frame_bytes((nv.width, nv.height))
+    steps = with_action_t(nv, device, seed, len(STEP_PLAN))
+    return StepInputs(({**{k: v for k, v in s.items() if k not in ("frame", "big_frame", "big_tfm")}, "tfm": np.stack((s["tfm"], s["big_tfm"])),
+                        "frame": s["frame"].numpy()[:n], "big_frame": s["big_frame"].numpy()[:n]} for s in steps), steps.buffers)
 
   def jit_line(self, runs: int) -> str:
-    return (f"outputs and every state bit-exact over {len(STEP_PLAN)} steps, states fed back in place on the device, rotating buffers, "
-            "action_t varied")
+    return (f"outputs and every state bit-exact over {len(STEP_PLAN)} steps, states fed back in place on the device, one packed upload "
+            "per frame, action_t varied")
 
   def reload_line(self) -> str:
     return f"step JIT reloaded: outputs bit-exact over {len(STEP_PLAN)} steps"
