@@ -128,15 +128,16 @@ def _graph_access(prg: Any, args_state: Any) -> Access | None:
   None otherwise (a lone kernel call: its queue signals right after, with a wait for idle)."""
   f = sys._getframe(2)   # 0: here, 1: MSMComputeQueue.exec, 2: its caller
   ast, runtime = f.f_locals.get("ast"), f.f_locals.get("runtime")
+  name, spills, stack = prg.name, prg.pvtmem_size_total, prg.dev._stack
   if runtime is not prg or ast is None or not hasattr(ast.arg, "outs"):
     return None
   bufs = args_state.bufs
   key = [(b.va_addr if isinstance(b.va_addr, UOp) else int(b.va_addr), int(b.size)) for b in bufs]
   outs = set(ast.arg.outs)
   written = {key[i] for i in outs}
-  if prg.pvtmem_size_total:   # spilled registers live in the device's one stack: two such dispatches must not overlap
-    written.add((int(prg.dev._stack.va_addr), int(prg.dev._stack.size)))
-  return Access(prg.name, frozenset(key[i] for i in range(len(key)) if i not in outs), frozenset(written))
+  if spills:   # spilled registers live in the device's one stack: two such dispatches must not overlap
+    written.add((int(stack.va_addr), int(stack.size)))
+  return Access(name, frozenset(key[i] for i in range(len(key)) if i not in outs), frozenset(written))
 
 
 class MSMComputeQueue(up.QCOMComputeQueue):
