@@ -56,12 +56,14 @@ def warp_y(frame: Tensor, M: Tensor, info: NV12Info, out_w: int, out_h: int, bor
   # magic add stays in its range; with a border one unit wider, so a coordinate outside the frame stays outside
   lo = 0 if border is None else -1
   rx, ry = _rint_i32(fx.clip(lo, info.width - 1 - lo)), _rint_i32(fy.clip(lo, info.height - 1 - lo))
-  sx, sy = rx.clip(0, info.width - 1), ry.clip(0, info.height - 1)
-  px = frame[(sy * info.stride + sx).flatten()]
   if border is None:
-    return px
-  inside = ((rx == sx) & (ry == sy)).flatten()
-  return inside.where(px, border).cast(dtypes.uint8)
+    # already inside the frame, but the integer clamp stays: without it tinygrad did not fold the CPU's gather into one
+    # load per pixel, and its result at the DM's size was wrong outside the DM program's SPLIT_REDUCEOP=0
+    return frame[(ry.clip(0, info.height - 1) * info.stride + rx.clip(0, info.width - 1)).flatten()]
+  # inside the frame: 0 <= r <= size - 1, one unsigned compare per coordinate; outside reads pixel 0, then replaced
+  inside = (rx.bitcast(dtypes.uint32) <= info.width - 1) & (ry.bitcast(dtypes.uint32) <= info.height - 1)
+  px = frame[inside.where(ry * info.stride + rx, 0).flatten()]
+  return inside.flatten().where(px, border).cast(dtypes.uint8)
 
 
 def warp_y_numpy(frame: np.ndarray, M: np.ndarray, info: NV12Info, out_w: int, out_h: int, border: int | None = None) -> np.ndarray:
