@@ -14,10 +14,12 @@ import collections
 import contextlib
 import contextvars
 import ctypes
+import dataclasses
 import functools
 import os
 import sys
 import types
+from typing import Any
 
 from tinygrad.device import BufferSpec, Compiled, Compiler
 from tinygrad.helpers import IMAGE, prod, round_up, suppress_finalizing, to_mv
@@ -89,11 +91,62 @@ class _Chunk:
     self.packed = b"".join(g.packed for g in gems)
 
 
+# MSM_INDEPENDENT_NO_WFI=1: a graph's dispatch that shares no buffer hazard with the dispatches since the last wait for idle
+# runs without its CP_WAIT_FOR_IDLE (docs/a630-time.md "Lever: wait-for-idle"); off by default until a device run confirms it
+NO_WFI_ENV = "MSM_INDEPENDENT_NO_WFI"
+_WFI_HDR = up.pkt7_hdr(up.mesa.CP_WAIT_FOR_IDLE, 0)
+_NOP_HDR = up.pkt7_hdr(up.mesa.CP_NOP, 0)   # same length: positions recorded for later patches stay where they were
+_RESET = None   # a wait for idle the queue always keeps (signal, timestamp, memory barrier): nothing is in flight after it
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+  """What one dispatch reads and writes: (address, size) of each buffer; a graph input's address is its variable."""
+  kernel: str
+  read: frozenset
+  written: frozenset
+
+  def conflicts(self, other: Access) -> bool:
+    return _overlap(self.written, other.read | other.written) or _overlap(self.read, other.written)
+
+
+def _overlap(a: frozenset, b: frozenset) -> bool:
+  for x, xs in a:
+    for y, ys in b:
+      if isinstance(x, int) and isinstance(y, int):
+        if x < y + ys and y < x + xs:
+          return True
+      elif not isinstance(x, int) and not isinstance(y, int):
+        return True   # two graph inputs may be the same buffer at run time
+      # a graph input against a buffer of the graph's own: tinygrad allocated the latter for this graph alone
+  return False
+
+
+def _graph_access(prg: Any, args_state: Any) -> Access | None:
+  """The dispatch's reads and writes when HCQGraph is encoding it (its loop's `ast` names the kernel's outputs and inputs);
+  None otherwise (a lone kernel call: its queue signals right after, with a wait for idle)."""
+  f = sys._getframe(2)   # 0: here, 1: MSMComputeQueue.exec, 2: its caller
+  ast, runtime = f.f_locals.get("ast"), f.f_locals.get("runtime")
+  name, spills, stack = prg.name, prg.pvtmem_size_total, prg.dev._stack
+  if runtime is not prg or ast is None or not hasattr(ast.arg, "outs"):
+    return None
+  bufs = args_state.bufs
+  key = [(b.va_addr if isinstance(b.va_addr, UOp) else int(b.va_addr), int(b.size)) for b in bufs]
+  outs = set(ast.arg.outs)
+  written = {key[i] for i in outs}
+  if spills:   # spilled registers live in the device's one stack: two such dispatches must not overlap
+    written.add((int(stack.va_addr), int(stack.size)))
+  return Access(name, frozenset(key[i] for i in range(len(key)) if i not in outs), frozenset(written))
+
+
 class MSMComputeQueue(up.QCOMComputeQueue):
   """QCOM's compute queue; records every buffer and signal its commands reference, by dword position, for the BO tables."""
 
   def __init__(self, dev):
     super().__init__(dev)
+    self._no_wfi = os.environ.get(NO_WFI_ENV, "0") == "1"
+    self._waits: list[tuple[int, Access | None]] = []   # (dword of a CP_WAIT_FOR_IDLE, the dispatch it precedes or _RESET)
+    self.waits_dropped = 0
     self.iface: MSMIface = dev.iface
     self._refs: list[tuple[int, GemBuffer | int]] = []   # (dword position, GemBuffer or index of a symbolic address)
     self._sigs: list[tuple[int, int | UOp, int | UOp]] = []
@@ -110,11 +163,17 @@ class MSMComputeQueue(up.QCOMComputeQueue):
   def signal(self, signal, value=0):
     self._ref(signal.base_buf)
     self._sigs.append((len(self._q), signal.value_addr, value))
+    self._waits.append((len(self._q), _RESET))
     return super().signal(signal, value)
 
   def timestamp(self, signal):
     self._ref(signal.base_buf)
+    self._waits.append((len(self._q), _RESET))
     return super().timestamp(signal)
+
+  def memory_barrier(self):
+    self._waits.append((len(self._q), _RESET))
+    return super().memory_barrier()
 
   def wait(self, signal, value=0):
     self._ref(signal.base_buf)
@@ -123,11 +182,47 @@ class MSMComputeQueue(up.QCOMComputeQueue):
   def exec(self, prg, args_state, global_size, local_size):
     for b in (args_state.buf, prg.lib_gpu, prg.dev._stack, *args_state.bufs, *([prg.dev.border_color_buf] if prg.samp_cnt else [])):
       self._ref(b)
+    start = len(self._q)
+    access = _graph_access(prg, args_state) if self._no_wfi else None
     with _cpu_pointers(self.iface):
       _EXEC(self, prg, args_state, global_size, local_size)
+    if access is not None and (pos := self._wait_in(start)) is not None:
+      self._waits.append((pos, access))
     self._exec_ends.append(len(self._q))
     self._exec_names.append(prg.name)
     return self
+
+  def _wait_in(self, start: int) -> int | None:
+    """The dword of the CP_WAIT_FOR_IDLE that upstream's exec emitted from `start` on (walking packet headers)."""
+    i = start
+    while i < len(self._q):
+      h = self._q[i]
+      if not isinstance(h, int):
+        return None
+      if h == _WFI_HDR:
+        return i
+      i += 1 + (h & 0x3fff if h >> 28 == 7 else h & 0x7f if h >> 28 == 4 else 1 << 30)
+    return None
+
+  def _drop_waits(self, cuts: list[int]) -> None:
+    """Turns into NOPs the waits for idle before dispatches that conflict with nothing still in flight. A submit's first
+    dispatch keeps its wait (what the kernel does between submits is not ours to rely on), as does any dispatch after a
+    signal, timestamp or barrier (they wait for idle themselves)."""
+    in_flight: list[Access] = []
+    chunk = 0
+    for pos, access in self._waits:
+      first = False
+      while chunk + 1 < len(cuts) and pos >= cuts[chunk + 1]:
+        chunk, first = chunk + 1, True
+      if access is None:
+        in_flight = []
+      elif first or any(access.conflicts(a) for a in in_flight):
+        in_flight = [access]
+      else:
+        if in_flight:   # the wait after a reset (nothing in flight) costs nothing: keep the packet as upstream wrote it
+          self._q[pos] = _NOP_HDR
+          self.waits_dropped += 1
+        in_flight.append(access)
 
   # *** BO tables ***
 
@@ -169,6 +264,8 @@ class MSMComputeQueue(up.QCOMComputeQueue):
     return Job(cmd, ch.offset, ch.size, table, nr, gems, ch.sigs, var_vals=self._var_vals)
 
   def bind(self, dev):
+    if self._no_wfi and self._waits:
+      self._drop_waits(chunking.cuts(self._exec_ends, self._exec_names, len(self._q), dev.iface.settings.chunk_kernels))   # as _plan cuts
     self.binded_device = dev
     self.hw_page = dev.allocator.alloc(len(self._q) * 4, BufferSpec(cpu_access=True, nolru=True))
     words = self.hw_page.cpu_view().view(size=len(self._q) * 4, fmt="I")

@@ -71,6 +71,8 @@ class Dispatched:
   part: str          # "warp" (the warp_jit: warp and image queues) or "model"
   local: tuple[int, int, int]
   groups: tuple[int, int, int]
+  read: frozenset = frozenset()      # [lo, hi) address ranges the dispatch read and wrote (level B), for the wait-for-idle lever
+  written: frozenset = frozenset()
 
 
 def build(size: str, work: Path, wanted) -> dict[str, Path]:
@@ -135,7 +137,7 @@ def record_frame(step, jits: dict[str, object], device: str) -> list[Dispatched]
     groups, local = (int(d.groups[0]), int(d.groups[1]), int(d.groups[2])), (int(d.local_size[0]), int(d.local_size[1]), int(d.local_size[2]))
     w = ac.Work(name or hex(d.shader_iova), c.alu, c.sfu, c.tex, c.mem_load + c.mem_store, c.fibers, groups[0] * groups[1] * groups[2],
                 local[0] * local[1] * local[2], flops.get(d.shader_iova, 0.0))
-    out.append(Dispatched(w, part.get(d.shader_iova, "model"), local, groups))
+    out.append(Dispatched(w, part.get(d.shader_iova, "model"), local, groups, getattr(c, "read", frozenset()), getattr(c, "written", frozenset())))
   return out
 
 
@@ -199,6 +201,33 @@ def report(kind: str, frame: list[Dispatched], c: ac.Constants, top: int) -> Non
   print(f"  top {top} kernels: {100 * sum(a['us'] for _, a in rows) / sum(us):.1f} % of the frame")
 
 
+def independent(frame: list[Dispatched]) -> int:
+  """Dispatches that touch nothing a dispatch since the last kept wait for idle writes, nor write what one reads: the
+  waits MSM_INDEPENDENT_NO_WFI=1 may drop (by the address ranges each dispatch touched, one submit assumed)."""
+  from backend.emu.executor import order_hazard
+  n, in_flight = 0, []
+  for d in frame:
+    if in_flight and order_hazard(in_flight, d.work.name, d.read, d.written) is None:
+      n += 1
+      in_flight.append((d.work.name, d.read, d.written))
+    else:
+      in_flight = [(d.work.name, d.read, d.written)]
+  return n
+
+
+def wait_for_idle_line(frames: dict[str, list[Dispatched]], c: ac.Constants) -> str:
+  """The wait-for-idle lever by the model: launch_us holds the wait, the flush and the state load of a dispatch, so a
+  dropped wait saves at most launch_us (its upper end) and all waits dropped (tinygrad#17070's hand edit, unsafe where a
+  dispatch reads its predecessor's output) at most launch_us per dispatch."""
+  parts = []
+  for k, f in frames.items():
+    n = independent(f)
+    parts.append(f"{k} {n} of {len(f)} dispatches independent, <= {n * c.launch_us / 1e3:.3f} ms "
+                 f"(all {len(f)} waits: <= {len(f) * c.launch_us / 1e3:.2f} ms, up to {len(f) * ac.UNSOURCED['launch_us'][1] / 1e3:.2f} at launch_us "
+                 f"{ac.UNSOURCED['launch_us'][1]:g})")
+  return "wait-for-idle lever (the model's saving bound): " + "; ".join(parts)
+
+
 def calibration_points(frames: dict[str, list[Dispatched]], size: str) -> list[tuple[Calibration, ac.Point]]:
   out = []
   for cal in CALIBRATION:
@@ -251,6 +280,7 @@ def main() -> int:
     print("  fitted: " + ", ".join(f"{n}={getattr(fitted, n):.4g} (shipped {getattr(c, n):g})" for n in FIT_PARAMS))
     if args.size != "full":
       print(f"  (the figures are for full-size models: at --size {args.size} neither residual nor fit means anything)")
+  print(wait_for_idle_line(frames, c))
   for name, scale in (("half", 0.5), ("double", 2.0)):
     t = replace(c, tex_rate=c.tex_rate * scale)
     print(f"texture rate {name}: " + ", ".join(f"{k} {ac.frame_us([d.work for d in f], t) / 1e3:.2f} ms" for k, f in frames.items()))

@@ -1,5 +1,6 @@
 """bench/bench_a630.py: every dispatch of a frame summed, a band around it, and its JSON in the issue's shape."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,10 @@ def test_driving_frame_adds_up(qcom_artifact, tmp_path):
   out, report, rows = _bench(tmp_path, "--kinds", "driving", "--driving", str(qcom_artifact))
   _check(report, rows, ["driving"])
   assert "bound by:" in out and "machine:" in out
+  # the wait-for-idle lever: dispatches independent of those in flight, from the ranges level B saw each one touch; a
+  # model is mostly a chain, so some but far from all
+  m = re.search(r"wait-for-idle lever.*driving (\d+) of (\d+) dispatches independent", out)
+  assert m and 0 < int(m[1]) < int(m[2]) == report["models"]["driving"]["dispatches"], out[-800:]
 
 
 @pytest.mark.slow

@@ -38,6 +38,49 @@ def test_master_fills_outside_the_frame_0_11_clamps():
   assert np.array_equal(clamp, warp_y_numpy(frame, m, NV, w, h))
 
 
+# source coordinates landing on x.5 (ties, rounded half to even) at both edges of the frame, and a half scale
+TIES = {
+  "low edge": [[1, 0, -10.5], [0, 1, -3.5], [0, 0, 1]],
+  "high edge": [[1, 0, NV.width - 20.5], [0, 1, NV.height - 3.5], [0, 0, 1]],
+  "half scale": [[0.5, 0, 100], [0, 0.5, 50], [0, 0, 1]],
+}
+SMALL = (44, 6)   # the emulator's out_w, out_h: a few pixels are enough; 44 splits into 4 pixels per fiber, quick to compile
+
+
+def _ties_cases(border, size):
+  rng = np.random.default_rng(1)
+  frame = rng.integers(20, 255, NV.size, dtype=np.uint8)
+  for name, m in TIES.items():
+    m = np.array(m, np.float32)
+    ref = warp_y_numpy(frame, m, NV, *size, border=border)
+    # rounding half up instead (np.floor(x + 0.5)) picks other pixels here: the case sees ties
+    half_up = warp_y_numpy(frame, m + np.array([[0, 0, 1e-3], [0, 0, 1e-3], [0, 0, 0]], np.float32), NV, *size, border=border)
+    assert not np.array_equal(ref, half_up), name
+    yield name, frame, m, ref
+
+
+@pytest.mark.parametrize("border", [None, MASTER_BORDER])
+def test_ties_round_half_to_even_at_both_edges(border):
+  """At the DM's size, so the kernels test_master_fills_outside_the_frame_0_11_clamps compiled serve (the matrix is an input)."""
+  for name, frame, m, ref in _ties_cases(border, DM_INPUT_SIZE):
+    got = warp_y(Tensor(frame), Tensor(m), NV, *DM_INPUT_SIZE, border=border).numpy()
+    assert np.array_equal(got, ref), (name, int((got != ref).sum()))
+
+
+@pytest.mark.xdist_group("qcom_artifact")
+@pytest.mark.parametrize("border", [None, MASTER_BORDER])
+def test_ties_on_the_emulated_a630(border):
+  """The same on the emulated a630 under openpilot's QCOM flags: its fp32 add rounds the magic-number rounding as the
+  CPU's does, and the bitcast keeps the compilers from folding it away."""
+  from test_ir3 import QCOM_FLAGS, _emu, executing
+  from tinygrad.helpers import Context
+  _emu()
+  for name, frame, m, ref in _ties_cases(border, SMALL):
+    with executing(), Context(**QCOM_FLAGS):
+      got = warp_y(Tensor(frame, device="QCOM"), Tensor(m, device="QCOM"), NV, *SMALL, border=border).numpy()
+    assert np.array_equal(got, ref), (name, int((got != ref).sum()))
+
+
 @pytest.mark.slow
 def test_a_master_dm_artifact_records_its_warp(dm_model, tmp_path):
   r = run_cli("compile", "--model", dm_model, "--camera", "1344x760", "--device", "CPU", "--openpilot", "master", "-o", tmp_path / "a",

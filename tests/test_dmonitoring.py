@@ -233,7 +233,8 @@ def test_nonfinite_outputs_publish_invalid_and_keep_going(dm_core, caplog):
 @pytest.mark.slow
 def test_qcom_dm_artifact_executes_on_the_emulated_a630_like_the_cpu(tmp_path, dm_model, dm_cpu_artifact, cli):
   """Captured on the emulated a630 under openpilot's QCOM flags (level B), then loaded by the car's runtime over the
-  emulated render node: its driverStateV2 agrees with the CPU artifact's on the same frame."""
+  emulated render node, with the independent dispatches' waits for idle dropped: its driverStateV2 agrees with the CPU
+  artifact's on the same frame."""
   out = tmp_path / "qcom"
   r = cli("compile", "--dmonitoring", dm_model, "--camera", "1928x1208", "--device", "QCOM", "-o", out)
   assert r.returncode == 0, r.stdout + r.stderr
@@ -254,12 +255,15 @@ from tinygrad import Device
 node = getattr(getattr(Device[Device.DEFAULT], "iface", None), "node", None)
 # which submitqueues the frame's work went to, with their priority (0 highest), and how many submits it took
 queues = sorted({(node._queues[s.queue].prio, node.priorities) for s in node.submits}) if node is not None else []
-print(json.dumps([d.wheelOnRightProb, list(d.leftDriverData.faceOrientation), d.rightDriverData.faceProb, queues, len(node.submits) if node else 0]))
+import gc
+dropped = sum(getattr(q, "waits_dropped", 0) for q in gc.get_objects() if type(q).__name__ == "MSMComputeQueue")
+print(json.dumps([d.wheelOnRightProb, list(d.leftDriverData.faceOrientation), d.rightDriverData.faceProb, queues, len(node.submits) if node else 0,
+                  dropped, list(node.stats.order_hazards) if node else []]))
 """
   got = {}
   for name, path in (("qcom", out), ("cpu", dm_cpu_artifact)):
     p = subprocess.run([sys.executable, "-c", code, str(path), str(NV.size)], capture_output=True, text=True, cwd=REPO, timeout=600,
-                       env={**os.environ, "MODELD_DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1"} if name == "qcom" else None)
+                       env={**os.environ, "MODELD_DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1", "MSM_INDEPENDENT_NO_WFI": "1"} if name == "qcom" else None)
     assert p.returncode == 0, p.stderr
     got[name] = json.loads(p.stdout.strip().splitlines()[-1])
   np.testing.assert_allclose(np.hstack([got["qcom"][0], got["qcom"][1], got["qcom"][2]]),
@@ -267,6 +271,9 @@ print(json.dumps([d.wheelOnRightProb, list(d.leftDriverData.faceOrientation), d.
   # its GPU work went to a submitqueue at the lowest priority, cut into several submits (time-bounded chunks), like modeld's
   (queues, submits) = got["qcom"][3], got["qcom"][4]
   assert queues == [[2, 3]] and submits > 1, got["qcom"]
+  # with the wait-for-idle lever on (docs/a630-time.md): some waits dropped, and level B saw no dispatch race one in flight
+  (dropped, hazards) = got["qcom"][5], got["qcom"][6]
+  assert dropped > 0 and hazards == [], got["qcom"]
 
 
 def test_gpu_execution_time_is_the_program_run_alone_inside_the_model_time(dm_core):

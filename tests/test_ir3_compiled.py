@@ -21,14 +21,14 @@ RNG = np.random.default_rng(7)
 
 @contextlib.contextmanager
 def recorded(node):
-  """The Counts of every dispatch executed in the block, in order, without their wall time."""
+  """The Counts of every dispatch executed in the block, in order, without their wall time and the addresses they touched."""
   out: list[tuple[str, dict]] = []
   was = node.counts
   node.counts = collections.deque()
   try:
     yield out
   finally:
-    out.extend((name, {k: v for k, v in dataclasses.asdict(c).items() if k != "seconds"}) for name, c in node.counts)
+    out.extend((name, {k: v for k, v in dataclasses.asdict(c).items() if k not in ("seconds", "read", "written")}) for name, c in node.counts)
     node.counts = was
 
 

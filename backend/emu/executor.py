@@ -10,7 +10,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from tinygrad.runtime.autogen import mesa
 
@@ -75,6 +75,28 @@ class ExecState:
   """Resumable position of a job: a stack of IB frames (INDIRECT_BUFFER pushes)."""
   frames: list[Frame]
   loads: dict[tuple[int, int], tuple[int, bytes]] = field(default_factory=dict)   # (block, type) -> (iova, bytes)
+  # dispatches since the last CP_WAIT_FOR_IDLE, which the a630 may still be running: (kernel, ranges read, ranges written)
+  in_flight: list[tuple[str, Ranges, Ranges]] = field(default_factory=list)
+
+
+Ranges = frozenset[tuple[int, int]]   # [lo, hi) GPU addresses
+
+
+def _common(a: Ranges, b: Ranges) -> int | None:
+  """The lowest address in both, or None."""
+  hits = [max(lo, lo2) for lo, hi in a for lo2, hi2 in b if lo < hi2 and lo2 < hi]
+  return min(hits) if hits else None
+
+
+def order_hazard(in_flight: list[tuple[str, Ranges, Ranges]], name: str, read: Ranges, written: Ranges) -> str | None:
+  """What a dispatch issued without a wait for idle would race with: memory an unfinished dispatch writes that it reads or
+  writes, or memory it writes that an unfinished dispatch reads. None when it races with nothing."""
+  for other, o_read, o_written in in_flight:
+    if (at := _common(read | written, o_written)) is not None:
+      return f"{name} touches {at:#x}, which {other} writes, still running (no CP_WAIT_FOR_IDLE between them)"
+    if (at := _common(written, o_read)) is not None:
+      return f"{name} writes {at:#x}, which {other} reads, still running (no CP_WAIT_FOR_IDLE between them)"
+  return None
 
 
 def _cp_stalls(e: GpuFault) -> GpuFault:
@@ -87,7 +109,7 @@ def _cp_stalls(e: GpuFault) -> GpuFault:
 
 class Executor:
   def __init__(self, on_dispatch: Callable[[Dispatch], None], pointer_check: Callable[[bytes, str], None] | None = None,
-               shader_exec: Callable[[Dispatch, Memory], None] | None = None,
+               shader_exec: Callable[[Dispatch, Memory], Any] | None = None,
                on_page_fault: Callable[[GpuFault], None] | None = None):
     """on_page_fault: set, a page fault in a packet's effect (a memory write, a state load, a dispatch or its shader) is handed to
     it and the packet is abandoned while the job runs on, as the msm kernel lets the GPU resume after an SMMU fault that does
@@ -95,6 +117,8 @@ class Executor:
     self.regs: dict[int, int] = {}
     self.on_dispatch, self.pointer_check, self.shader_exec = on_dispatch, pointer_check, shader_exec
     self.on_page_fault = on_page_fault
+    self.on_order_hazard: Callable[[str], None] | None = None   # level B: a dispatch racing an unfinished one (order_hazard)
+    self.kernel_names: dict[int, str] = {}   # shader IOVA -> kernel name, for the hazard's message
 
   def run(self, st: ExecState, mem: Memory) -> bool:
     """Runs until the job ends (True) or parks on an unmet CP_WAIT_REG_MEM (False). Raises GpuFault / pm4.PM4Error."""
@@ -149,8 +173,11 @@ class Executor:
     return _FUNCS[w.function](v & w.mask, w.ref)
 
   def _execute(self, p: pm4.Packet, st: ExecState, mem: Memory) -> None:
-    if p.code in (mesa.CP_WAIT_FOR_IDLE, mesa.CP_WAIT_MEM_WRITES, mesa.CP_SET_MARKER):
-      return   # the emulated ring is always idle and coherent
+    if p.code == mesa.CP_WAIT_FOR_IDLE:
+      st.in_flight.clear()
+      return
+    if p.code in (mesa.CP_WAIT_MEM_WRITES, mesa.CP_SET_MARKER, mesa.CP_NOP):
+      return   # the emulated ring is always coherent
     if p.code == mesa.CP_EVENT_WRITE:
       ev = pm4.event_write(p)
       if ev.event == mesa.CACHE_FLUSH_TS and ev.addr is not None:
@@ -220,4 +247,17 @@ class Executor:
                  self._reg64(mesa.REG_A6XX_SP_CS_PVT_MEM_BASE), st.loads.get((mesa.SB6_CS_SHADER, mesa.ST6_UBO), (0, b""))[1])
     self.on_dispatch(d)
     if self.shader_exec is not None:
-      self.shader_exec(d, mem)
+      c = self.shader_exec(d, mem)
+      # level B knows what the dispatch read and wrote: with no wait for idle before it, the a630 may run it beside the
+      # dispatches before it (the emulator runs them one after the other, so a race would not show in the results)
+      if (read := getattr(c, "read", None)) is not None:
+        stack = self.regs.get(mesa.REG_A6XX_SP_CS_PVT_MEM_SIZE, 0)
+        if pvt and stack:   # the device's one stack: spilled registers of two overlapping dispatches would share it
+          lo, size, _ = mem.region(pvt, "stack")
+          written = c.written | {(lo, lo + size)}
+        else:
+          written = c.written
+        name = self.kernel_names.get(shader_iova) or hex(shader_iova)
+        if (hazard := order_hazard(st.in_flight, name, read, written)) is not None and self.on_order_hazard is not None:
+          self.on_order_hazard(hazard)
+        st.in_flight.append((name, read, written))

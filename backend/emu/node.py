@@ -120,6 +120,7 @@ class Stats:
   faults: list[str] = field(default_factory=list)     # every fault the node saw, reported or not (the newest `keep`)
   reported: list[str] = field(default_factory=list)   # those counted in the queue's FAULTS (hangs; page faults too when strict)
   page_faults: int = 0                                # page faults let through under the kernel policy, all of them
+  order_hazards: list[str] = field(default_factory=list)   # level B: dispatches racing an unfinished one (the newest `keep`)
   keep: int = 1000
 
 
@@ -249,8 +250,10 @@ class RenderNode(FileIOInterface):
     self._injected: dict[str, Injected] = {}
     self._gpu_faults: list[str] = []
     self.executor = Executor(self._record_dispatch)
+    self.executor.on_order_hazard = self._order_hazard
     self.set_execute(execute)
     self.kernel_names: dict[int, str] = {}
+    self.executor.kernel_names = self.kernel_names
     self.tamper: Callable[[Dispatch], Dispatch] | None = None   # test hook: rewrites a dispatch (shader, descriptors) before it runs
     self.counts: collections.deque = collections.deque(maxlen=history)   # (kernel, ir3.execute.Counts) per executed dispatch
     self.exec_total = Counts()   # summed over every executed dispatch
@@ -349,13 +352,18 @@ class RenderNode(FileIOInterface):
     self.execute = on
     self.executor.shader_exec = self._execute_dispatch if on else None
 
-  def _execute_dispatch(self, d: Dispatch, mem) -> None:
+  def _execute_dispatch(self, d: Dispatch, mem) -> Counts:
     name = self.kernel_names.get(d.shader_iova, "")
     if self.tamper is not None:
       d = self.tamper(d)
     c = run_dispatch(d, mem, kernel=name)
     self.counts.append((name, c))
     self.exec_total.add(c)
+    return c
+
+  def _order_hazard(self, what: str) -> None:
+    self.stats.order_hazards.append(what)
+    del self.stats.order_hazards[:-self.stats.keep]
 
   def progress(self) -> None:
     """Runs the ring in order until it is empty or its head job parks on an unmet wait.

@@ -21,7 +21,7 @@ def odd_parity(v: int) -> int:
 
 OPCODES = {getattr(mesa, n): n for n in ("CP_EVENT_WRITE", "CP_WAIT_REG_MEM", "CP_REG_TO_MEM", "CP_MEM_WRITE", "CP_WAIT_FOR_IDLE",
                                           "CP_WAIT_MEM_WRITES", "CP_SET_MARKER", "CP_LOAD_STATE6_FRAG", "CP_EXEC_CS", "CP_INDIRECT_BUFFER",
-                                          "CP_RUN_OPENCL")}
+                                          "CP_RUN_OPENCL", "CP_NOP")}
 
 
 @dataclass(frozen=True)

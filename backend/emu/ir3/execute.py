@@ -27,7 +27,7 @@ from backend.emu.executor import Dispatch, GpuFault
 from backend.emu.ir3 import alu, native
 from backend.emu.ir3.compiled import compile_instr
 from backend.emu.ir3.decode import REG_A0, DecodeError, Instr, Operand, Program, decode
-from backend.emu.ir3.memory import MEM_BYTES, GlobalMemory, Images, from_bytes, load_bytes, store_bytes, to_bytes
+from backend.emu.ir3.memory import MEM_BYTES, GlobalMemory, Images, from_bytes, load_bytes, merged, store_bytes, to_bytes
 from backend.emu.pm4 import field as _field
 
 NREGS = 64 * 4
@@ -49,6 +49,8 @@ class Counts:
   mem_load: int = 0        # bytes read by cat6
   mem_store: int = 0       # bytes written by cat6
   seconds: float = 0.0
+  read: frozenset[tuple[int, int]] = frozenset()      # address ranges [lo, hi) the dispatch read, for the ordering check
+  written: frozenset[tuple[int, int]] = frozenset()   # and wrote (a UAV's whole image counts as written)
   by_category: dict[int, int] = field(default_factory=dict)
 
   def add(self, other: Counts) -> None:
@@ -686,5 +688,6 @@ def run_dispatch(d: Dispatch, mem, kernel: str = "", batch: int = DEFAULT_BATCH)
     for i in range(0, len(wg), per):
       Batch(prog, d, consts, gmem, images, wg[i:i + per], counts, kernel).run()
   counts.alu = sum(v for c, v in counts.by_category.items() if c in (1, 2, 3))
+  counts.read, counts.written = merged(gmem.read), merged(gmem.written)
   counts.seconds = time.perf_counter() - t0
   return counts

@@ -53,6 +53,21 @@ def store_bytes(buf: np.ndarray, offs: np.ndarray, data: np.ndarray) -> None:
     buf[offs[:, None] + np.arange(nbytes)] = data
 
 
+# what an access is called (the `what` of each lookup) where it may write
+_WRITING = ("stg", "atomic", "UAV", "bindless")
+
+
+def merged(ranges) -> frozenset[tuple[int, int]]:
+  """[lo, hi) ranges with the overlapping and touching ones joined."""
+  out: list[list[int]] = []
+  for lo, hi in sorted(ranges):
+    if out and lo <= out[-1][1]:
+      out[-1][1] = max(out[-1][1], hi)
+    else:
+      out.append([lo, hi])
+  return frozenset((lo, hi) for lo, hi in out)
+
+
 class GlobalMemory:
   """GEM objects of the running job as numpy byte arrays, found by IOVA through the node (which faults on an unmapped
   address, and in strict mode on a BO the submit did not list)."""
@@ -60,6 +75,13 @@ class GlobalMemory:
   def __init__(self, mem):
     self.mem = mem
     self._arrays: dict[int, tuple[int, np.ndarray]] = {}   # start iova -> (size, bytes)
+    # address ranges [lo, hi) the dispatch read and wrote, for the ordering check (backend/emu/executor.py); a UAV may be
+    # both, and is counted written
+    self.read: set[tuple[int, int]] = set()
+    self.written: set[tuple[int, int]] = set()
+
+  def _touch(self, lo: int, hi: int, what: str) -> None:
+    (self.written if what.startswith(_WRITING) else self.read).add((lo, hi))
 
   def _region(self, iova: int, what: str) -> tuple[int, np.ndarray]:
     start, size, host = self.mem.region(iova, what)
@@ -81,6 +103,7 @@ class GlobalMemory:
       if int(offs.max()) + nbytes > arr.size:
         bad = int(addr[inside][np.argmax(offs)])
         raise PageFault(f"{what} at {bad:#x}+{nbytes} runs past the end of its BO (ends at {start + arr.size:#x})")
+      self._touch(start + int(offs.min()), start + int(offs.max()) + nbytes, what)
       yield inside, arr, offs
       left &= ~inside
 
@@ -93,6 +116,7 @@ class GlobalMemory:
     start, arr = self._region(lo, what)
     if hi - start + nbytes > arr.size:
       return None
+    self._touch(lo, hi + nbytes, what)
     return arr, (addr - np.uint64(start)).astype(np.int64)
 
   def load(self, addr: np.ndarray, nbytes: int) -> np.ndarray:
@@ -109,6 +133,7 @@ class GlobalMemory:
     start, arr = self._region(iova, what)
     if iova - start + nbytes > arr.size:
       raise PageFault(f"{what} at {iova:#x}+{nbytes:#x} runs past the end of its BO")
+    self._touch(iova, iova + nbytes, what)
     return arr[iova - start:iova - start + nbytes]
 
 
