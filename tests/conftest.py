@@ -19,6 +19,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# A Tensor made without a device lands on tinygrad's first usable one, picked once per process at first use. Pick it now,
+# before a test puts the emulated render node behind QCOM: otherwise the pick (QCOM or CPU) depends on the tests' order.
+from tinygrad import Device  # noqa: E402
+
+Device.DEFAULT  # noqa: B018
+
 
 def run_cli(*args, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
   """`modeld-msm ARGS` in a real subprocess of this interpreter (the venv's), output captured as text."""
