@@ -4,11 +4,11 @@
 
 The mutants are not picked by hand (hand-picked mutants are the ones the tests were written for): every comparison,
 arithmetic operator, boolean operator and numeric constant in a module is a mutation point (`<` <-> `<=`, `>` <-> `>=`,
-`==` <-> `!=`, `+` <-> `-`, `*` -> `/`, `and` <-> `or`, an integer n -> n + 1, a float x -> 1.5 x), and N of them per module
-are drawn with a generator seeded by (seed, module), so a module's draw is the same whichever other modules run with it
-(0.0 becomes 1.0); a per-module N above a module's count of points takes them all. Each mutant is written into a copy of the working tree and the module's tests run there
-(`-m "not slow"`, stopping at the first failure); a mutant is killed when they fail or time out. Prints a table per module,
-the surviving mutants (line, what changed) and the kill rate.
+`==` <-> `!=`, `+` <-> `-`, `*` -> `/`, `and` <-> `or`, an integer n -> n + 1, a float x -> 1.5 x; 0.0 becomes 1.0), and N
+of them per module are drawn with a generator seeded by (seed, module), so a module's draw is the same whichever other
+modules run with it; an N above a module's count of points takes them all. Each mutant is written into a copy of the
+working tree and the module's tests run there (`-m "not slow"`, stopping at the first failure); a mutant is killed when
+they fail or time out. Prints a table per module, the surviving mutants (line, what changed) and the kill rate.
 """
 from __future__ import annotations
 
@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--list", action="store_true", help="list the drawn mutants and exit")
   a = ap.parse_args(argv)
   only = a.only.split(",") if a.only else None
-  mutants = [m for mod in TARGETS if only is None or any(w in mod for w in only) for m in mutants_of(mod, a.per_module, random.Random(f"{a.seed}:{mod}"))]
+  modules = [mod for mod in TARGETS if only is None or any(w in mod for w in only)]
+  mutants = [m for mod in modules for m in mutants_of(mod, a.per_module, random.Random(f"{a.seed}:{mod}"))]
   if a.list:
     for m in mutants:
       print(f"{m.module}:{m.line}  {m.what}")
