@@ -37,7 +37,7 @@ TARGETS = {
   "selfdrive_glue/camera.py": ["tests/test_camera_geometry.py"],
   "backend/chunking.py": ["tests/test_backend_chunking.py"],
   "backend/msm.py": ["tests/test_backend_qcom.py", "tests/test_emu_kernel_rules.py"],
-  "release/install.py": ["tests/test_install.py"],
+  "release/install.py": ["tests/test_install_table.py", "tests/test_hostile_install.py", "tests/test_install.py"],
   "selfdrive_glue/files.py": ["tests/test_bad_input_cli.py", "tests/test_artifact.py"],
   # issue 40: the checks of message values, the DM's parse, the combined model's runtime parse, install's bundle reading,
   # signatures, and the emulator's command stream
