@@ -61,6 +61,7 @@ class Mutant:
   index: int        # the mutation point's place in an ast.walk of the module
   line: int
   what: str
+  annotation: bool = False   # inside a type annotation: never evaluated (the modules use `from __future__ import annotations`)
 
 
 def _bumped(v: int | float) -> int | float:
@@ -91,12 +92,27 @@ def _parents_in_fstring(tree: ast.AST) -> set[int]:
   return inside
 
 
+def _in_annotations(tree: ast.Module) -> set[int]:
+  """Nodes inside annotations, where the module postpones their evaluation (PEP 563); none otherwise."""
+  inside: set[int] = set()
+  if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names) for n in tree.body):
+    return inside
+  for node in ast.walk(tree):
+    if isinstance(node, ast.arg | ast.AnnAssign | ast.FunctionDef | ast.AsyncFunctionDef):
+      ann = node.returns if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else node.annotation
+      if ann is not None:
+        inside.update(id(n) for n in ast.walk(ann))
+  return inside
+
+
 def mutants_of(module: str, per_module: int, rng: random.Random) -> list[Mutant]:
+  """N points drawn from all of them; those inside annotations stay in the draw (so adding the rule kept earlier draws)
+  and are reported as equivalent without a test run."""
   tree = ast.parse((REPO / module).read_text())
-  skip = _parents_in_fstring(tree)
+  skip, ann = _parents_in_fstring(tree), _in_annotations(tree)
   pts = [(i, n, w) for i, n, w in _points(tree) if id(n) not in skip]
   picked = sorted(rng.sample(pts, min(per_module, len(pts))), key=lambda p: p[0])
-  return [Mutant(module, i, getattr(n, "lineno", 0), w) for i, n, w in picked]
+  return [Mutant(module, i, getattr(n, "lineno", 0), w, id(n) in ann) for i, n, w in picked]
 
 
 def mutated_source(m: Mutant) -> str:
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
   mutants = [m for mod in modules for m in mutants_of(mod, a.per_module, random.Random(f"{a.seed}:{mod}"))]
   if a.list:
     for m in mutants:
-      print(f"{m.module}:{m.line}  {m.what}")
+      print(f"{m.module}:{m.line}  {m.what}{'  (annotation)' if m.annotation else ''}")
     return 0
   work = Path(tempfile.mkdtemp(prefix="mutation-pass-"))
   results: list[tuple[Mutant, str, float]] = []
@@ -160,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     _copy_tree(work)
     for k, m in enumerate(mutants, 1):
+      if m.annotation:
+        results.append((m, "equivalent", 0.0))
+        print(f"[{k:3d}/{len(mutants)}] equivalent (annotation) {m.module}:{m.line}  {m.what}", file=sys.stderr, flush=True)
+        continue
       original = (work / m.module).read_text()
       (work / m.module).write_text(mutated_source(m))
       try:
@@ -171,17 +191,17 @@ def main(argv: list[str] | None = None) -> int:
       print(f"[{k:3d}/{len(mutants)} ETA {eta:5.0f} s] {verdict:18s} {m.module}:{m.line}  {m.what}  ({dt:.0f} s)", file=sys.stderr, flush=True)
   finally:
     shutil.rmtree(work, ignore_errors=True)
-  print("\n| module | mutants | killed | survived |\n| --- | --- | --- | --- |")
+  print("\n| module | mutants | in annotations | killed | survived |\n| --- | --- | --- | --- | --- |")
   for mod in dict.fromkeys(m.module for m, _, _ in results):
     rs = [v for m, v, _ in results if m.module == mod]
-    print(f"| {mod} | {len(rs)} | {sum(v.startswith('killed') for v in rs)} | {sum(v == 'survived' for v in rs)} |")
+    print(f"| {mod} | {len(rs)} | {rs.count('equivalent')} | {sum(v.startswith('killed') for v in rs)} | {rs.count('survived')} |")
   killed = sum(v.startswith("killed") for _, v, _ in results)
   counted = sum(v.startswith("killed") or v == "survived" for _, v, _ in results)
   for m, v, _ in results:
-    if not v.startswith("killed"):
+    if not v.startswith("killed") and v != "equivalent":
       print(f"  {v}: {m.module}:{m.line}  {m.what}")
-  print(f"\nkill rate {killed}/{counted} = {100 * killed / max(counted, 1):.0f} % (seed {a.seed}, {a.per_module} per module, "
-        f"{time.perf_counter() - t0:.0f} s)")
+  print(f"\nkill rate {killed}/{counted} (annotations left out) = {100 * killed / max(counted, 1):.0f} % (seed {a.seed}, "
+        f"{a.per_module} per module, {time.perf_counter() - t0:.0f} s)")
   return 0
 
 
