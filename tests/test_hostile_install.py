@@ -58,12 +58,14 @@ def test_install_copies_only_the_listed_files_and_never_follows_a_link(op, tmp_p
   assert any("left out" in m for m in log), log
 
 
-@pytest.mark.parametrize("where", ["artifact file", "artifact folder", "bundle.json"])
+@pytest.mark.parametrize("where", ["artifact file", "artifact folder", "bundle.json", "DM artifact file", "DM folder"])
 def test_a_listed_file_reached_through_a_link_is_refused(op, tmp_path, where):
-  b = make_bundle(tmp_path / "b")
+  """Either process's artifacts: the driver-monitoring ones live one folder deeper (dmonitoring/<camera>/)."""
+  b = make_bundle(tmp_path / "b", dm=("1928x1208",) if where.startswith("DM") else ())
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
-  target = {"artifact file": b / "1928x1208" / "metadata.json", "artifact folder": b / "1344x760", "bundle.json": b / "bundle.json"}[where]
+  target = {"artifact file": b / "1928x1208" / "metadata.json", "artifact folder": b / "1344x760", "bundle.json": b / "bundle.json",
+            "DM artifact file": b / "dmonitoring" / "1928x1208" / "metadata.json", "DM folder": b / "dmonitoring"}[where]
   moved = elsewhere / target.name
   os.replace(target, moved)
   target.symlink_to(moved, target_is_directory=moved.is_dir())
