@@ -402,3 +402,20 @@ def test_missing_dm_smoke_data_names_the_driver_monitoring_artifact(tmp_path):
 def test_human_size():
   from release.bundle import human_size
   assert [human_size(n) for n in (5, 1500, 2_500_000, 3e12)] == ["5 B", "1.5 kB", "2.5 MB", "3000.0 GB"]
+
+
+def test_the_copy_never_follows_a_link_swapped_in_after_the_check(tmp_path):
+  """check_no_links runs first; a file replaced by a link between that check and the copy is refused by the open itself."""
+  import errno
+
+  from release.install import copy_files
+  src, dst, secret = tmp_path / "src", tmp_path / "dst", tmp_path / "secret"
+  (src / "a").mkdir(parents=True)
+  (src / "a" / "f").write_bytes(b"bundle file")
+  secret.write_text("host secret\n")
+  (src / "a" / "swapped").symlink_to(secret)
+  copy_files(src, ["a/f"], dst)
+  assert (dst / "a" / "f").read_bytes() == b"bundle file"
+  with pytest.raises(OSError) as e:
+    copy_files(src, ["a/swapped"], dst)
+  assert e.value.errno == errno.ELOOP and not (dst / "a" / "swapped").exists()
