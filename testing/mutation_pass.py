@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from artifact.cpu_info import cpu_info
+
 REPO = Path(__file__).resolve().parents[1]
 
 # module -> the tests that own its behaviour
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if not v.startswith("killed") and v != "equivalent":
       print(f"  {v}: {m.module}:{m.line}  {m.what}")
   print(f"\nkill rate {killed}/{counted} (annotations left out) = {100 * killed / max(counted, 1):.0f} % (seed {a.seed}, "
-        f"{a.per_module} per module, {time.perf_counter() - t0:.0f} s)")
+        f"{a.per_module} per module, {time.perf_counter() - t0:.0f} s)\nCPU: {cpu_info().summary()}")
   return 0
 
 
