@@ -199,6 +199,7 @@ def test_signing_a_bundles_dm_artifact_records_the_signer_in_bundle_json(tmp_pat
   lambda i: i["artifacts"]["1928x1208"].__setitem__("signed_by", 7),
   lambda i: i.__setitem__("device", ["QCOM"]),
   lambda i: i.__setitem__("dmonitoring", {"1928x1208": 3}),
+  lambda i: i.__setitem__("dmonitoring", ["1928x1208"]),   # the table itself of the wrong shape, not only an entry
 ])
 def test_bundle_json_of_the_wrong_shape_is_one_line(op, tmp_path, edit):
   b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
@@ -402,6 +403,7 @@ def test_missing_dm_smoke_data_names_the_driver_monitoring_artifact(tmp_path):
 def test_human_size():
   from release.bundle import human_size
   assert [human_size(n) for n in (5, 1500, 2_500_000, 3e12)] == ["5 B", "1.5 kB", "2.5 MB", "3000.0 GB"]
+  assert [human_size(n) for n in (999, 1000, 999_999, 1_000_000, 1e9)] == ["999 B", "1.0 kB", "1000.0 kB", "1.0 MB", "1.0 GB"]
 
 
 def test_the_copy_never_follows_a_link_swapped_in_after_the_check(tmp_path):
@@ -419,3 +421,18 @@ def test_the_copy_never_follows_a_link_swapped_in_after_the_check(tmp_path):
   with pytest.raises(OSError) as e:
     copy_files(src, ["a/swapped"], dst)
   assert e.value.errno == errno.ELOOP and not (dst / "a" / "swapped").exists()
+
+
+@pytest.mark.parametrize("how", ["a link to a copy", "missing"])
+def test_a_smoke_file_that_is_a_link_or_missing_is_refused_in_one_line(tmp_path, how):
+  """The hash would match through the link: the file itself must be the bundle's own."""
+  from release.bundle import verify_bundle
+  b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
+  d = _add_smoke(b)
+  verify_bundle(b)   # the control
+  copy = tmp_path / "inputs.npz"
+  os.replace(d / "inputs.npz", copy)
+  if how == "a link to a copy":
+    (d / "inputs.npz").symlink_to(copy)
+  with pytest.raises(UserError, match="smoke file smoke/1928x1208/inputs.npz is missing"):
+    verify_bundle(b)
