@@ -522,6 +522,7 @@ def test_install_json_from_before_driver_monitoring_still_works(op, bundle, tmp_
   install(op, bundle, log=quiet)
   f = op / INSTALL_REL / "install.json"
   state = json.loads(f.read_text())
+  assert state["format"] == 1   # written by this version as by the older ones on cars: the format number is on disk, not ours to move
   del state["process_config"]["replaced"], state["bundle"]["dmonitoring"]
   assert set(state["process_config"]) == {"path", "original_sha256", "installed_sha256", "stock_entry", "entry", "line"}
   f.write_text(json.dumps(state, indent=1))
@@ -588,4 +589,17 @@ def test_a_tree_with_a_process_table_but_no_process_module_is_refused(tmp_path, 
   before = tree_state(op)
   with pytest.raises(UserError, match="is not an openpilot checkout"):
     install(op, bundle, log=quiet)
+  assert tree_state(op) == before
+
+
+def test_an_install_json_of_another_format_is_refused_and_nothing_changes(op, bundle):
+  install(op, bundle, log=quiet)
+  f = op / INSTALL_REL / "install.json"
+  state = json.loads(f.read_text())
+  state["format"] = 2
+  f.write_text(json.dumps(state))
+  before = tree_state(op)
+  for act in (lambda: install(op, bundle, log=quiet), lambda: uninstall(op, log=quiet)):
+    with pytest.raises(UserError, match="install.json is of format 2, this modeld-msm writes 1"):
+      act()
   assert tree_state(op) == before

@@ -94,3 +94,10 @@ def test_an_entry_sharing_its_line_is_replaced_in_place():
   assert not e.at_line_start
   assert edit_table(data, [e]) == (IMPORTS + 'procs = [PythonProcess("camerad", "c", always_run), '
                                    f'NativeProcess("modeld", "{INSTALL_REL}", ["./modeld"], only_onroad)]\n').encode()
+
+
+def test_ours_is_the_native_entry_running_from_our_folder_however_its_arguments_are_passed():
+  ours = find_entry(_table(f'NativeProcess("modeld", "{INSTALL_REL}", cmdline=["./modeld"], should_run=only_onroad)'), "t.py", "modeld")
+  assert ours.ours and ours.should_run == "only_onroad" and ours.keywords == ['cmdline=["./modeld"]']
+  other = find_entry(_table('NativeProcess("modeld", cwd="selfdrive/modeld", cmdline=["./modeld"], should_run=only_onroad)'), "t.py", "modeld")
+  assert not other.ours
