@@ -304,6 +304,9 @@ def test_pubkey_is_checked_now_and_installed_for_every_start(op, bundle, tmp_pat
   assert (d / "modeld-msm.pub").read_bytes() == pub.read_bytes()
   assert 'export MODELD_PUBKEY="$here/modeld-msm.pub"' in (d / "modeld").read_text()
   assert install(op, bundle, log=quiet) == "unchanged"   # without --pubkey the installed key stays (tests/test_bad_input_install.py)
+  with pytest.raises(UserError, match=r"requires artifacts signed by key \w+ \(.*, kept from an earlier `install --pubkey`\), and bundle .* "
+                     r"fails that check \(artifact .* is not signed, and a public key is configured \(.*\)\); sign it with that key"):
+    install(op, make_bundle(tmp_path / "unsigned", tag=b"2"), log=quiet)   # the kept key refuses an unsigned bundle, saying why
   assert install(op, bundle, drop_pubkey=True, log=quiet) == "updated"   # dropped only when asked by name: the launcher changes
   assert "MODELD_PUBKEY" not in (d / "modeld").read_text() and not (d / "modeld-msm.pub").exists()
 
