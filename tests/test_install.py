@@ -606,3 +606,10 @@ def test_an_install_json_of_another_format_is_refused_and_nothing_changes(op, bu
     with pytest.raises(UserError, match="install.json is of format 2, this modeld-msm writes 1"):
       act()
   assert tree_state(op) == before
+
+
+def test_the_edited_table_keeps_its_permissions(op, bundle):
+  t = op / PROCESS_CONFIG
+  t.chmod(0o640)
+  install(op, bundle, log=quiet)
+  assert INSTALL_REL in t.read_text() and t.stat().st_mode & 0o7777 == 0o640
