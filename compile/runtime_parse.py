@@ -46,6 +46,6 @@ def check_runtime_parses(kind: Kind, model_name: str, outputs: dict[str, np.ndar
   except UserError as e:
     raise UserError(f"{model_name}: the car's parser refuses its outputs ({e}); this model does not follow the contract") from None
   except Exception as e:   # the parser's own failure on a shape it does not expect: what modeld would die of on its first frame
-    raise UserError(f"{model_name}: the car's parser cannot read its outputs ({type(e).__name__}: {str(e)[:200]}); modeld would stop "
+    raise UserError(f"{model_name}: the car's parser cannot read its outputs ({type(e).__name__}: {str(e)[:200]}); {kind.process} would stop "
                     "on its first frame: this model does not follow the contract (check its output_slices)") from None
   return f"a reference output parsed by the car's own code into {what}"

@@ -4,10 +4,11 @@
 
 The mutants are not picked by hand (hand-picked mutants are the ones the tests were written for): every comparison,
 arithmetic operator, boolean operator and numeric constant in a module is a mutation point (`<` <-> `<=`, `>` <-> `>=`,
-`==` <-> `!=`, `+` <-> `-`, `*` -> `/`, `and` <-> `or`, an integer n -> n + 1, a float x -> 1.5 x), and N of them per module
-are drawn with a seeded generator (0.0 becomes 1.0). Each mutant is written into a copy of the working tree and the module's tests run there
-(`-m "not slow"`, stopping at the first failure); a mutant is killed when they fail or time out. Prints a table per module,
-the surviving mutants (line, what changed) and the kill rate.
+`==` <-> `!=`, `+` <-> `-`, `*` -> `/`, `and` <-> `or`, an integer n -> n + 1, a float x -> 1.5 x; 0.0 becomes 1.0), and N
+of them per module are drawn with a generator seeded by (seed, module), so a module's draw is the same whichever other
+modules run with it; an N above a module's count of points takes them all. Each mutant is written into a copy of the
+working tree and the module's tests run there (`-m "not slow"`, stopping at the first failure); a mutant is killed when
+they fail or time out. Prints a table per module, the surviving mutants (line, what changed) and the kill rate.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from artifact.cpu_info import cpu_info
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,17 +39,18 @@ TARGETS = {
   "selfdrive_glue/camera.py": ["tests/test_camera_geometry.py"],
   "backend/chunking.py": ["tests/test_backend_chunking.py"],
   "backend/msm.py": ["tests/test_backend_qcom.py", "tests/test_emu_kernel_rules.py"],
-  "release/install.py": ["tests/test_install.py"],
+  "release/install.py": ["tests/test_install_table.py", "tests/test_hostile_install.py", "tests/test_install.py"],
   "selfdrive_glue/files.py": ["tests/test_bad_input_cli.py", "tests/test_artifact.py"],
   # issue 40: the checks of message values, the DM's parse, the combined model's runtime parse, install's bundle reading,
   # signatures, and the emulator's command stream
   "modeld_msm/inputs_check.py": ["tests/test_inputs_check.py"],
-  "modeld_msm/dm_outputs.py": ["tests/test_dmonitoring.py"],
-  "compile/runtime_parse.py": ["tests/test_supercombo_model.py"],
+  # the DM's parse against hand-computed values (test_dmonitoring.py compiles the DM per run and checks the parse through itself)
+  "modeld_msm/dm_outputs.py": ["tests/test_dm_outputs.py"],
+  "compile/runtime_parse.py": ["tests/test_runtime_parse.py", "tests/test_supercombo_model.py"],
   "release/bundle.py": ["tests/test_hostile_install.py", "tests/test_install.py"],
   "artifact/signing.py": ["tests/test_hostile_install.py", "tests/test_bad_input_install.py"],
-  "backend/emu/pm4.py": ["tests/test_backend_emu.py"],
-  "backend/emu/iova.py": ["tests/test_backend_emu.py"],
+  "backend/emu/pm4.py": ["tests/test_emu_pm4.py", "tests/test_backend_emu.py"],
+  "backend/emu/iova.py": ["tests/test_emu_iova.py", "tests/test_backend_emu.py"],
 }
 
 SWAP_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
@@ -59,6 +63,7 @@ class Mutant:
   index: int        # the mutation point's place in an ast.walk of the module
   line: int
   what: str
+  annotation: bool = False   # inside a type annotation: never evaluated (the modules use `from __future__ import annotations`)
 
 
 def _bumped(v: int | float) -> int | float:
@@ -89,12 +94,27 @@ def _parents_in_fstring(tree: ast.AST) -> set[int]:
   return inside
 
 
+def _in_annotations(tree: ast.Module) -> set[int]:
+  """Nodes inside annotations, where the module postpones their evaluation (PEP 563); none otherwise."""
+  inside: set[int] = set()
+  if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names) for n in tree.body):
+    return inside
+  for node in ast.walk(tree):
+    if isinstance(node, ast.arg | ast.AnnAssign | ast.FunctionDef | ast.AsyncFunctionDef):
+      ann = node.returns if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else node.annotation
+      if ann is not None:
+        inside.update(id(n) for n in ast.walk(ann))
+  return inside
+
+
 def mutants_of(module: str, per_module: int, rng: random.Random) -> list[Mutant]:
+  """N points drawn from all of them; those inside annotations stay in the draw (so adding the rule kept earlier draws)
+  and are reported as equivalent without a test run."""
   tree = ast.parse((REPO / module).read_text())
-  skip = _parents_in_fstring(tree)
+  skip, ann = _parents_in_fstring(tree), _in_annotations(tree)
   pts = [(i, n, w) for i, n, w in _points(tree) if id(n) not in skip]
   picked = sorted(rng.sample(pts, min(per_module, len(pts))), key=lambda p: p[0])
-  return [Mutant(module, i, getattr(n, "lineno", 0), w) for i, n, w in picked]
+  return [Mutant(module, i, getattr(n, "lineno", 0), w, id(n) in ann) for i, n, w in picked]
 
 
 def mutated_source(m: Mutant) -> str:
@@ -145,12 +165,12 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (default 600)")
   ap.add_argument("--list", action="store_true", help="list the drawn mutants and exit")
   a = ap.parse_args(argv)
-  rng = random.Random(a.seed)
   only = a.only.split(",") if a.only else None
-  mutants = [m for mod in TARGETS if only is None or any(w in mod for w in only) for m in mutants_of(mod, a.per_module, rng)]
+  modules = [mod for mod in TARGETS if only is None or any(w in mod for w in only)]
+  mutants = [m for mod in modules for m in mutants_of(mod, a.per_module, random.Random(f"{a.seed}:{mod}"))]
   if a.list:
     for m in mutants:
-      print(f"{m.module}:{m.line}  {m.what}")
+      print(f"{m.module}:{m.line}  {m.what}{'  (annotation)' if m.annotation else ''}")
     return 0
   work = Path(tempfile.mkdtemp(prefix="mutation-pass-"))
   results: list[tuple[Mutant, str, float]] = []
@@ -158,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     _copy_tree(work)
     for k, m in enumerate(mutants, 1):
+      if m.annotation:
+        results.append((m, "equivalent", 0.0))
+        print(f"[{k:3d}/{len(mutants)}] equivalent (annotation) {m.module}:{m.line}  {m.what}", file=sys.stderr, flush=True)
+        continue
       original = (work / m.module).read_text()
       (work / m.module).write_text(mutated_source(m))
       try:
@@ -169,17 +193,17 @@ def main(argv: list[str] | None = None) -> int:
       print(f"[{k:3d}/{len(mutants)} ETA {eta:5.0f} s] {verdict:18s} {m.module}:{m.line}  {m.what}  ({dt:.0f} s)", file=sys.stderr, flush=True)
   finally:
     shutil.rmtree(work, ignore_errors=True)
-  print("\n| module | mutants | killed | survived |\n| --- | --- | --- | --- |")
+  print("\n| module | mutants | in annotations | killed | survived |\n| --- | --- | --- | --- | --- |")
   for mod in dict.fromkeys(m.module for m, _, _ in results):
     rs = [v for m, v, _ in results if m.module == mod]
-    print(f"| {mod} | {len(rs)} | {sum(v.startswith('killed') for v in rs)} | {sum(v == 'survived' for v in rs)} |")
+    print(f"| {mod} | {len(rs)} | {rs.count('equivalent')} | {sum(v.startswith('killed') for v in rs)} | {rs.count('survived')} |")
   killed = sum(v.startswith("killed") for _, v, _ in results)
   counted = sum(v.startswith("killed") or v == "survived" for _, v, _ in results)
   for m, v, _ in results:
-    if not v.startswith("killed"):
+    if not v.startswith("killed") and v != "equivalent":
       print(f"  {v}: {m.module}:{m.line}  {m.what}")
-  print(f"\nkill rate {killed}/{counted} = {100 * killed / max(counted, 1):.0f} % (seed {a.seed}, {a.per_module} per module, "
-        f"{time.perf_counter() - t0:.0f} s)")
+  print(f"\nkill rate {killed}/{counted} (annotations left out) = {100 * killed / max(counted, 1):.0f} % (seed {a.seed}, "
+        f"{a.per_module} per module, {time.perf_counter() - t0:.0f} s)\nCPU: {cpu_info().summary()}")
   return 0
 
 

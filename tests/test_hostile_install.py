@@ -58,12 +58,14 @@ def test_install_copies_only_the_listed_files_and_never_follows_a_link(op, tmp_p
   assert any("left out" in m for m in log), log
 
 
-@pytest.mark.parametrize("where", ["artifact file", "artifact folder", "bundle.json"])
+@pytest.mark.parametrize("where", ["artifact file", "artifact folder", "bundle.json", "DM artifact file", "DM folder"])
 def test_a_listed_file_reached_through_a_link_is_refused(op, tmp_path, where):
-  b = make_bundle(tmp_path / "b")
+  """Either process's artifacts: the driver-monitoring ones live one folder deeper (dmonitoring/<camera>/)."""
+  b = make_bundle(tmp_path / "b", dm=("1928x1208",) if where.startswith("DM") else ())
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
-  target = {"artifact file": b / "1928x1208" / "metadata.json", "artifact folder": b / "1344x760", "bundle.json": b / "bundle.json"}[where]
+  target = {"artifact file": b / "1928x1208" / "metadata.json", "artifact folder": b / "1344x760", "bundle.json": b / "bundle.json",
+            "DM artifact file": b / "dmonitoring" / "1928x1208" / "metadata.json", "DM folder": b / "dmonitoring"}[where]
   moved = elsewhere / target.name
   os.replace(target, moved)
   target.symlink_to(moved, target_is_directory=moved.is_dir())
@@ -197,6 +199,7 @@ def test_signing_a_bundles_dm_artifact_records_the_signer_in_bundle_json(tmp_pat
   lambda i: i["artifacts"]["1928x1208"].__setitem__("signed_by", 7),
   lambda i: i.__setitem__("device", ["QCOM"]),
   lambda i: i.__setitem__("dmonitoring", {"1928x1208": 3}),
+  lambda i: i.__setitem__("dmonitoring", ["1928x1208"]),   # the table itself of the wrong shape, not only an entry
 ])
 def test_bundle_json_of_the_wrong_shape_is_one_line(op, tmp_path, edit):
   b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
@@ -400,3 +403,36 @@ def test_missing_dm_smoke_data_names_the_driver_monitoring_artifact(tmp_path):
 def test_human_size():
   from release.bundle import human_size
   assert [human_size(n) for n in (5, 1500, 2_500_000, 3e12)] == ["5 B", "1.5 kB", "2.5 MB", "3000.0 GB"]
+  assert [human_size(n) for n in (999, 1000, 999_999, 1_000_000, 1e9)] == ["999 B", "1.0 kB", "1000.0 kB", "1.0 MB", "1.0 GB"]
+
+
+def test_the_copy_never_follows_a_link_swapped_in_after_the_check(tmp_path):
+  """check_no_links runs first; a file replaced by a link between that check and the copy is refused by the open itself."""
+  import errno
+
+  from release.install import copy_files
+  src, dst, secret = tmp_path / "src", tmp_path / "dst", tmp_path / "secret"
+  (src / "a").mkdir(parents=True)
+  (src / "a" / "f").write_bytes(b"bundle file")
+  secret.write_text("host secret\n")
+  (src / "a" / "swapped").symlink_to(secret)
+  copy_files(src, ["a/f"], dst)
+  assert (dst / "a" / "f").read_bytes() == b"bundle file"
+  with pytest.raises(OSError) as e:
+    copy_files(src, ["a/swapped"], dst)
+  assert e.value.errno == errno.ELOOP and not (dst / "a" / "swapped").exists()
+
+
+@pytest.mark.parametrize("how", ["a link to a copy", "missing"])
+def test_a_smoke_file_that_is_a_link_or_missing_is_refused_in_one_line(tmp_path, how):
+  """The hash would match through the link: the file itself must be the bundle's own."""
+  from release.bundle import verify_bundle
+  b = make_bundle(tmp_path / "b", cameras=("1928x1208",))
+  d = _add_smoke(b)
+  verify_bundle(b)   # the control
+  copy = tmp_path / "inputs.npz"
+  os.replace(d / "inputs.npz", copy)
+  if how == "a link to a copy":
+    (d / "inputs.npz").symlink_to(copy)
+  with pytest.raises(UserError, match="smoke file smoke/1928x1208/inputs.npz is missing"):
+    verify_bundle(b)

@@ -304,6 +304,9 @@ def test_pubkey_is_checked_now_and_installed_for_every_start(op, bundle, tmp_pat
   assert (d / "modeld-msm.pub").read_bytes() == pub.read_bytes()
   assert 'export MODELD_PUBKEY="$here/modeld-msm.pub"' in (d / "modeld").read_text()
   assert install(op, bundle, log=quiet) == "unchanged"   # without --pubkey the installed key stays (tests/test_bad_input_install.py)
+  with pytest.raises(UserError, match=r"requires artifacts signed by key \w+ \(.*, kept from an earlier `install --pubkey`\), and bundle .* "
+                     r"fails that check \(artifact .* is not signed, and a public key is configured \(.*\)\); sign it with that key"):
+    install(op, make_bundle(tmp_path / "unsigned", tag=b"2"), log=quiet)   # the kept key refuses an unsigned bundle, saying why
   assert install(op, bundle, drop_pubkey=True, log=quiet) == "updated"   # dropped only when asked by name: the launcher changes
   assert "MODELD_PUBKEY" not in (d / "modeld").read_text() and not (d / "modeld-msm.pub").exists()
 
@@ -522,6 +525,7 @@ def test_install_json_from_before_driver_monitoring_still_works(op, bundle, tmp_
   install(op, bundle, log=quiet)
   f = op / INSTALL_REL / "install.json"
   state = json.loads(f.read_text())
+  assert state["format"] == 1   # written by this version as by the older ones on cars: the format number is on disk, not ours to move
   del state["process_config"]["replaced"], state["bundle"]["dmonitoring"]
   assert set(state["process_config"]) == {"path", "original_sha256", "installed_sha256", "stock_entry", "entry", "line"}
   f.write_text(json.dumps(state, indent=1))
@@ -589,3 +593,23 @@ def test_a_tree_with_a_process_table_but_no_process_module_is_refused(tmp_path, 
   with pytest.raises(UserError, match="is not an openpilot checkout"):
     install(op, bundle, log=quiet)
   assert tree_state(op) == before
+
+
+def test_an_install_json_of_another_format_is_refused_and_nothing_changes(op, bundle):
+  install(op, bundle, log=quiet)
+  f = op / INSTALL_REL / "install.json"
+  state = json.loads(f.read_text())
+  state["format"] = 2
+  f.write_text(json.dumps(state))
+  before = tree_state(op)
+  for act in (lambda: install(op, bundle, log=quiet), lambda: uninstall(op, log=quiet)):
+    with pytest.raises(UserError, match="install.json is of format 2, this modeld-msm writes 1"):
+      act()
+  assert tree_state(op) == before
+
+
+def test_the_edited_table_keeps_its_permissions(op, bundle):
+  t = op / PROCESS_CONFIG
+  t.chmod(0o640)
+  install(op, bundle, log=quiet)
+  assert INSTALL_REL in t.read_text() and t.stat().st_mode & 0o7777 == 0o640
