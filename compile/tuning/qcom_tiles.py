@@ -46,7 +46,8 @@ RECORD_ENV = "MODELD_QCOM_TILES_RECORD"  # set by `record` for its child compile
 # are 50-300 M; the tiny models' a few M, so a tiny recording passes a lower floor)
 MIN_MACS = 20_000_000
 TILE_OPS = ("UPCAST", "UNROLL")
-MAX_UP = 1024   # the largest upcast x unroll product tried
+MAX_UP = 512   # the largest upcast x unroll product tried: twice tinygrad's own cap (larger ones take minutes to lower)
+COMPILE_TIMEOUT_S = 120   # a variant that takes longer to lower and compile is left out (recorded as such)
 SEED = 7
 
 
@@ -169,7 +170,8 @@ class Searcher:
     self.device, self.rounds, self.seed, self.log = device, rounds, seed, log
 
   def _candidates(self, base) -> list:
-    """One more UPCAST or UNROLL on top of `base`, and `base` with one of its UPCAST/UNROLL taken away (a smaller tile)."""
+    """One more UPCAST or UNROLL on top of `base`, and `base` with one of its UPCASTs taken away (a smaller tile). Taking
+    an UNROLL away reorders the reduce's additions: never bit-exact, so not tried."""
     from tinygrad.codegen.opt import KernelOptError
     from tinygrad.codegen.opt.search import get_kernel_actions
     # past tinygrad's own cap on upcast x unroll (BEAM_UPCAST_MAX, 256), which the heuristic's image tiles already reach:
@@ -177,7 +179,7 @@ class Searcher:
     out = [k for k in get_kernel_actions(base, include_0=False, max_up=MAX_UP).values() if k.applied_opts[-1].op.name in TILE_OPS]
     applied = list(base.applied_opts)
     for i, o in enumerate(applied):
-      if o.op.name not in TILE_OPS:
+      if o.op.name != "UPCAST":
         continue
       k = self._root.copy()
       try:
@@ -203,7 +205,7 @@ class Searcher:
       name = k.ast.arg.name if k.ast.arg is not None and k.ast.arg.name != "test" else None
       ast = k.copy().get_optimized_ast(name_override=name)
       prg = _to_program(ast.substitute({p: p.replace(arg=replace(p.arg, device=self.device)) for p in ast.toposort() if p.op is Ops.PARAM}), k.ren)
-    except Exception as e:   # an opt tinygrad accepts but cannot lower or IR3 cannot compile: not eligible
+    except (Exception, _Timeout) as e:   # an opt tinygrad accepts but cannot lower or IR3 cannot compile: not eligible
       v.why = f"compile: {type(e).__name__}: {e}"[:200]
       return v, None
     node, dev = emu_node(self.device), Device[self.device]
@@ -276,9 +278,24 @@ class Searcher:
     return found
 
 
+class _Timeout(Exception):
+  pass
+
+
 def _to_program(ast, ren):
+  import signal
+
   from tinygrad.codegen import to_program
-  return to_program(ast, ren)
+
+  def expired(signum, frame):
+    raise _Timeout(f"lowering took over {COMPILE_TIMEOUT_S} s")
+  kept = signal.signal(signal.SIGALRM, expired)
+  signal.alarm(COMPILE_TIMEOUT_S)
+  try:
+    return to_program(ast, ren)
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, kept)
 
 
 # *** the hook a QCOM compile runs under ***
