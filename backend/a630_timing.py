@@ -88,8 +88,7 @@ def _variant_call(call, launch: dict[str, Any]):
   name and launch shape in place of the original's."""
   from dataclasses import replace
   prg = call.src[0]
-  info = replace(prg.arg, name=launch["name"], function_name=launch["function_name"], global_size=tuple(launch["groups"]),
-                 local_size=tuple(launch["local"]))
+  info = replace(prg.arg, name=launch["name"], global_size=tuple(launch["groups"]), local_size=tuple(launch["local"]))
   binary = prg.src[3].replace(arg=bytes.fromhex(launch["lib"]))
   return call.replace(src=(prg.replace(src=(*prg.src[:3], binary, *prg.src[4:]), arg=info), *call.src[1:]))
 

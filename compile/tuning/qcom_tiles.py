@@ -145,9 +145,11 @@ def calibration_variants(f: Searched) -> list[Variant]:
   ok = [v for v in f.variants if v.bit_exact and v.work is not None and v.launch is not None]
   out = [ok[0]] + ([f.best()] if f.best() is not ok[0] else [])
   rest = [v for v in ok if all(v is not o for o in out)]
+
+  def tex(v: Variant) -> float:
+    return float((v.work or {})["tex"])
   if rest:
-    out.append(min(rest, key=lambda v: v.work["tex"]) if min(v.work["tex"] for v in rest) < min(v.work["tex"] for v in out)
-               else max(rest, key=lambda v: v.work["tex"]))
+    out.append(min(rest, key=tex) if min(map(tex, rest)) < min(map(tex, out)) else max(rest, key=tex))
   return out
 
 
