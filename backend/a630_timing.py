@@ -83,6 +83,14 @@ def lib_key(lib: bytes) -> str:
   return hashlib.sha256(bytes(lib)).hexdigest()[:16]
 
 
+def params_sig(prg) -> list[str]:
+  """The parameters a compiled PROGRAM binds, as its runtime reads them (tinygrad's to_elf signature: name, slot, dtype,
+  shape of each buffer). Two tiles of one kernel can differ here: a buffer read through a texture in one is read with
+  ldg in another, and the launch binds it accordingly, so a binary only stands in for one of the same signature."""
+  from tinygrad.uop.ops import AddrSpace, Ops
+  return [f"{u.arg.name}:{u.arg.slot}:{u.dtype}:{u._shape}" for u in prg.src[1].src if u.op is Ops.PARAM and u.addrspace != AddrSpace.ALU]
+
+
 def _variant_call(call, launch: dict[str, Any]):
   """The kernel call with another compiled variant of the same kernel (same AST, so the same parameters): its IR3 binary,
   name and launch shape in place of the original's."""
@@ -97,7 +105,8 @@ def time_kernels(recorders: list[Recorder], device: str, repeat: int = 5, emu_co
                  variants: dict[str, list[dict[str, Any]]] | None = None) -> list[KernelTime]:
   """Each kernel launch of the recorded JITs that were called since recording began, run alone `repeat` times. `variants`
   (lib_key of a compiled kernel -> the launches of its register-tile variants, compile/tuning/qcom_tiles.py): where a
-  launch is one of them, the others run on the same buffers right after it, once per kernel, as rows of their own."""
+  launch is one of them, the others with its parameter signature run on the same buffers right after it, once per
+  kernel, as rows of their own (one of another signature would bind a buffer the wrong way: a GPU fault)."""
   from tinygrad import Device
   from tinygrad.engine.realize import ExecContext, pm_exec
   dev: Any = Device[device]
@@ -138,7 +147,7 @@ def time_kernels(recorders: list[Recorder], device: str, repeat: int = 5, emu_co
           done.add(key)
           at = len(out) - 1
           for launch in variants[key]:
-            if launch["lib_key"] != key:
+            if launch["lib_key"] != key and launch.get("sig") == params_sig(call.src[0]):
               timed(_variant_call(call, launch), ctx, launch["name"], rec.var_vals, at, launch.get("opts"))
   finally:
     if node is not None:

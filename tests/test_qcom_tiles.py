@@ -11,18 +11,21 @@ from selfdrive_glue.errors import UserError
 
 def _variant(us: float, exact: bool, tex: int, opts: list) -> q.Variant:
   return q.Variant(opts, f"k{len(opts)}_{us:g}", {"tex": tex, "regs": 20}, us, exact, "" if exact else "outputs differ",
-                   {"lib": "00", "name": "k", "function_name": "k", "groups": [1, 1, 1], "local": [64, 1, 1]})
+                   {"lib": "00", "name": "k", "function_name": "k", "groups": [1, 1, 1], "local": [64, 1, 1], "sig": ["data1:1:half"]})
 
 
 def test_the_search_chooses_the_cheapest_bit_exact_variant_and_times_two_or_three_sizes():
   heur = _variant(100.0, True, 1000, [["UPCAST", 0, 4]])
+  other_binding = _variant(90.0, True, 200, [["UPCAST", 0, 4], ["UPCAST", 3, 4]])
+  other_binding.launch = {**(other_binding.launch or {}), "sig": ["data1:1:image"]}
   faster_but_wrong = _variant(20.0, False, 100, [["UPCAST", 0, 4], ["UNROLL", 0, 4]])
   bigger = _variant(60.0, True, 400, [["UPCAST", 0, 4], ["UPCAST", 1, 4]])
   biggest = _variant(70.0, True, 250, [["UPCAST", 0, 4], ["UPCAST", 1, 4], ["UPCAST", 2, 2]])
   smaller = _variant(150.0, True, 2000, [])
-  f = q.Searched("ab", "k", 1, [heur, faster_but_wrong, bigger, biggest, smaller])
+  f = q.Searched("ab", "k", 1, [heur, faster_but_wrong, bigger, biggest, smaller, other_binding])
   assert f.best() is bigger   # a variant whose outputs differ is never chosen, however cheap
-  # calibrate-a630 times the heuristic's tile, the chosen one and the largest tile tried (fewest fetches)
+  # calibrate-a630 times the heuristic's tile, the chosen one and the largest tile tried (fewest fetches) that binds its
+  # buffers as the chosen one does (one that reads a buffer through a texture instead would fault in its place)
   assert q.calibration_variants(f) == [heur, bigger, biggest]
   # where the heuristic is the best, the other sizes are the largest and nothing more
   f2 = q.Searched("cd", "k", 1, [_variant(10.0, True, 1000, [["UPCAST", 0, 4]]), smaller])
@@ -41,8 +44,9 @@ def test_the_shipped_sets_carry_their_evidence():
       # the choice is bit-exact with the heuristic kernel on its seeded inputs and no slower under the shipped constants
       assert chosen["bit_exact"] and chosen["us"] <= heur["us"] and chosen["name"] == e["name"]
       assert chosen["us"] == min(v["us"] for v in vs if v["bit_exact"])
+      # the tiles calibrate-a630 times in place of the chosen kernel: they bind its buffers the same way
       cal = e["calibration"]
-      assert 2 <= len(cal) <= 3 and cal[0]["opts"] == heur["opts"] and all(c["lib"] and c["groups"] for c in cal)
+      assert any(c["opts"] == e["opts"] for c in cal) and all(c["lib"] and c["groups"] and c["sig"] == cal[0]["sig"] for c in cal)
 
 
 pytestmark_artifact = pytest.mark.xdist_group("qcom_artifact")

@@ -141,9 +141,14 @@ class Variant:
 
 def calibration_variants(f: Searched) -> list[Variant]:
   """The register-tile sizes calibrate-a630 times for one kernel: the heuristic's, the chosen one, and the eligible variant
-  with the fewest texel fetches (the largest tile tried) where it is neither; else the one with the most (the smallest)."""
-  ok = [v for v in f.variants if v.bit_exact and v.work is not None and v.launch is not None]
-  out = [ok[0]] + ([f.best()] if f.best() is not ok[0] else [])
+  with the fewest texel fetches (the largest tile tried) where it is neither; else the one with the most (the smallest).
+  Only variants that bind their buffers as the chosen one does (the same parameter signature): calibrate-a630 runs them
+  in place of the artifact's kernel, on its buffers."""
+  best = f.best()
+  sig = (best.launch or {}).get("sig")
+  ok = [v for v in f.variants if v.bit_exact and v.work is not None and v.launch is not None and v.launch.get("sig") == sig]
+  heur = f.variants[0]
+  out = ([heur] if any(v is heur for v in ok) and heur is not best else []) + [best]
   rest = [v for v in ok if all(v is not o for o in out)]
 
   def tex(v: Variant) -> float:
@@ -200,7 +205,7 @@ class Searcher:
     from tinygrad.helpers import ansistrip
     from tinygrad.uop.ops import Ops, UOp
 
-    from backend.a630_timing import work_of
+    from backend.a630_timing import params_sig, work_of
     from compile.capture import emu_node
     v = Variant(opts_json(k.applied_opts))
     try:
@@ -233,7 +238,7 @@ class Searcher:
     v.name = ansistrip(str(prg.arg.function_name))   # tinygrad colours kernel names for its own logs
     d = seen[0]
     v.launch = {"lib": bytes(prg.src[3].arg).hex(), "name": v.name, "function_name": str(prg.arg.function_name),
-                "groups": [int(x) for x in d.groups], "local": [int(x) for x in d.local_size]}
+                "groups": [int(x) for x in d.groups], "local": [int(x) for x in d.local_size], "sig": params_sig(prg)}
     w = work_of(v.name, executed[0][1], d)
     v.work, v.us = asdict(w), ac.dispatch_us([w])[0]
     return v, [bytes(b.as_memoryview()) for b in rawbufs]
