@@ -3,7 +3,12 @@
 opts and one with the shipped register tiles (compile/tuning/qcom_tiles.py), each frame executed on the emulated node
 (level B, bench_a630.frame_of) and costed under the shipped constants and under the constants the lever depends on.
 
-  .venv/bin/python bench/bench_a630_tiles.py --pair dmonitoring HEURISTIC_DIR TILED_DIR [--pair driving H T ...] [--json OUT]
+  .venv/bin/python bench/bench_a630_tiles.py --tiled dmonitoring TILED_DIR [--pair driving HEURISTIC_DIR TILED_DIR ...] [--json OUT]
+
+--tiled needs only the tiled artifact: its heuristic frame is the same frame with each register-tile kernel's work
+replaced by the work its heuristic kernel executed in the recording (the shipped table keeps every variant's counts;
+a convolution's counts do not depend on its data). --pair compiles nothing either but needs both artifacts, and checks
+that substitution on the kinds it is given both for.
 
 A tile that fetches fewer texels per multiply-add wins while the texture rate bounds the kernel; it holds more registers,
 so it loses where fewer resident waves cannot hide the fetches. So the frame is given at tex_rate half and double and at
@@ -59,20 +64,46 @@ def compare(kind: str, heur: list[ac.Work], tiled: list[ac.Work], top: int = 8) 
   return out
 
 
+def heuristic_of(kind: str, tiled: list[ac.Work]) -> list[ac.Work]:
+  """The tiled frame with each shipped register-tile kernel's work replaced by its heuristic kernel's, from the table."""
+  from compile.tuning.qcom_tiles import load_table
+  heur: dict[str, ac.Work] = {}
+  for s in load_table()["sets"]:
+    if s["match"]["kind"] == kind:
+      for e in s["entries"]:
+        if e["name"] != e["heuristic"]:
+          heur[e["name"]] = ac.Work(**e["variants"][0]["work"])
+  if not any(w.name in heur for w in tiled):
+    raise SystemExit(f"no kernel of this {kind} artifact is one of the shipped register tiles")
+  return [heur.get(w.name, w) for w in tiled]
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--pair", nargs=3, action="append", metavar=("KIND", "HEURISTIC", "TILED"), required=True,
+  ap.add_argument("--pair", nargs=3, action="append", default=[], metavar=("KIND", "HEURISTIC", "TILED"),
                   help="a kind and its two QCOM artifacts (heuristic opts, register tiles)")
+  ap.add_argument("--tiled", nargs=2, action="append", default=[], metavar=("KIND", "TILED"),
+                  help="a kind and its QCOM artifact compiled with the register tiles")
   ap.add_argument("--json", type=Path)
   a = ap.parse_args()
   print(f"machine: {machine()} (the estimates do not depend on it)")
   print("constants: " + ", ".join(f"{k}={v:.4g}" for k, v in ac.constants_dict(D).items()))
+  if not a.pair and not a.tiled:
+    ap.error("give --tiled KIND DIR or --pair KIND HEURISTIC TILED")
   out = {}
-  for kind, h, t in a.pair:
+  for kind, *dirs in a.pair + a.tiled:
     if kind not in KINDS:
       raise SystemExit(f"unknown kind {kind}: one of {', '.join(KINDS)}")
-    heur, tiled = ([d.work for d in frame_of(kind, Path(p))] for p in (h, t))
-    out[kind] = compare(kind, heur, tiled)
+    frames = [[d.work for d in frame_of(kind, Path(p))] for p in dirs]
+    if len(frames) == 2:
+      heur, tiled = frames
+      subst = heuristic_of(kind, tiled)
+      print(f"\n{kind}: the tiled frame with the table's heuristic work substituted: {ac.frame_us(subst) / 1e3:.3f} ms, "
+            f"the heuristic artifact's frame: {ac.frame_us(heur) / 1e3:.3f} ms")
+    else:
+      tiled = frames[0]
+      heur = heuristic_of(kind, tiled)
+    out[kind + (" (two artifacts)" if len(frames) == 2 else "")] = compare(kind, heur, tiled)
   if a.json:
     a.json.write_text(json.dumps(out, indent=1))
   return 0
