@@ -447,7 +447,8 @@ def record(kind: str, size: str, camera: tuple[int, int], seed: int = 0, openpil
     key = match_key(kind, camera, {m: sha256_file(w.path) for m, w in models.items()}, QCOM_FLAGS_OF[openpilot or k.openpilot])
   import platform
   recorded = {"match": key, "size": size, "seed": seed, "min_macs": rows["min_macs"], "entries": rows["entries"],
-              "recorded": f"on the emulated a630 ({platform.machine()} host), scored by backend/a630_cost.py's shipped constants"}
+              "recorded": f"on the emulated a630 ({platform.machine()} host), scored by backend/a630_cost.py at the corners of "
+                          "tex_rate and hide_waves"}
   store(recorded, table_path)
   changed = sum(e["name"] != e["heuristic"] for e in rows["entries"])
   log(f"[tiles] {kind} {size}: {len(rows['entries'])} big image convolutions searched, {changed} on other tiles than the heuristic's")
