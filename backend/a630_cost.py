@@ -7,10 +7,12 @@ time under `Constants` is
     over issue_eff, cat4 at sfu_ratio of it;
   - tex: texel fetches of active lanes at tex_rate; dram: ldg/stg bytes at dram_rate * dram_eff;
   - all three over the share of SPs the launch can fill (a workgroup runs on one SP: one group leaves the other idle, three
-    load them 2:1) and over an occupancy factor min(1, waves on the busiest SP / hide_waves): too few waves cannot hide
-    fetch latency.
+    load them 2:1) and over an occupancy factor min(1, resident waves on the busiest SP / hide_waves): too few waves cannot
+    hide fetch latency. The waves resident on an SP are those launched to it, at most what its register file holds for the
+    kernel's register footprint (a larger register tile costs registers, so fewer waves hide the fetches).
 Sourced (docs/anchors.md §4): the 710 MHz clock, the THREAD64 MAD peak (345.6 GFLOPS = 172.8 G lane-MADs/s), the
-LPDDR4X-3733 rate (29.9 GB/s), the 64-lane wave tinygrad launches. Every other constant is in UNSOURCED with the range
+LPDDR4X-3733 rate (29.9 GB/s), the 64-lane wave tinygrad launches; the register file (Mesa's a630 entry: 96 vec4
+registers per 128 fibers, waves allotted two at a time, at most 16 per SP; docs/a630-time.md). Every other constant is in UNSOURCED with the range
 the estimate's band is taken over; `fit` moves them to match measured times (docs/a630-time.md).
 """
 from __future__ import annotations
@@ -26,6 +28,9 @@ N_SP = 2             # shader processors of the a630 (Mesa's a6xx table: 2 CCUs,
 CLOCK_HZ = 710e6
 MAD_LANES_PER_S = 345.6e9 / 2   # measured THREAD64 peak (tinygrad#16229), 2 FLOP per MAD
 DRAM_PEAK = 29.9e9              # LPDDR4X-3733, 4 x 16 bit
+REG_FILE_VEC4 = 96   # Mesa's a6xx gen1 (a615/a618/a630) reg_size_vec4: vec4 registers per fiber at 128 fibers per pair of waves
+WAVE_GRANULARITY = 2   # waves are given registers two at a time (Mesa's ir3 compiler, a6xx)
+MAX_WAVES = 16         # resident waves per SP whatever the footprint (Mesa: fibers_per_sp 128 x 16 over 128-fiber pairs)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,12 @@ class Work:
   groups: int       # workgroups launched
   group_size: int   # fibers per workgroup (the local size)
   flops: float = 0.0   # tinygrad's estimate, for GFLOPS columns only
+  regs: int = 0        # vec4 registers per fiber (full + half/2, as the launch's SP_CS_CNTL_0 footprints); 0: unknown, no limit
+
+
+def reg_waves(regs: int) -> int:
+  """Waves one SP holds at once for a kernel of `regs` vec4 registers per fiber (Mesa's register-dependent wave limit)."""
+  return MAX_WAVES if regs <= 0 else max(WAVE_GRANULARITY, min(MAX_WAVES, REG_FILE_VEC4 // regs * WAVE_GRANULARITY))
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ TERMS = ("ALU", "DRAM", "TEX")
 
 def _arrays(work: list[Work]) -> dict[str, np.ndarray]:
   a = {f: np.array([getattr(w, f) for w in work], np.float64) for f in ("alu", "sfu", "tex", "nbytes", "fibers", "groups", "group_size")}
+  a["reg_waves"] = np.array([reg_waves(w.regs) for w in work], np.float64)
   waves_per_group = np.ceil(np.maximum(a["group_size"], 1) / WAVE)
   a["waves"] = a["groups"] * waves_per_group
   a["pad"] = a["waves"] * WAVE / np.maximum(a["fibers"], 1)   # issued lanes per active lane
@@ -100,7 +112,8 @@ def shape_cost(groups: int, group_size: int, c: Constants = DEFAULT) -> float:
 def _terms(a: dict[str, np.ndarray], c: Constants) -> np.ndarray:
   """[3, n] seconds: ALU, DRAM, TEX of each dispatch, before launch overhead and overlap."""
   sp = np.maximum(a["sp_share"], 1e-9)
-  occ = np.minimum(1.0, a["waves"] / (sp * N_SP) / c.hide_waves)   # waves on the busiest SP
+  resident = np.minimum(a["waves"] / (sp * N_SP), a["reg_waves"])   # on the busiest SP, as its registers allow
+  occ = np.minimum(1.0, resident / c.hide_waves)
   alu = (a["alu"] + a["sfu"] / c.sfu_ratio) * a["pad"] / (MAD_LANES_PER_S * c.issue_eff)
   dram = a["nbytes"] / (DRAM_PEAK * c.dram_eff)
   tex = a["tex"] / c.tex_rate

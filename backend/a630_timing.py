@@ -9,6 +9,7 @@ the same code runs end to end and a fit of its output must find `emu_constants` 
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ class KernelTime:
   local_size: tuple[int, ...]
   measured_us: float
   work: ac.Work | None           # executed work (emulated node only)
+  variant_of: int | None = None  # a register-tile variant of the launch at this index, run on its buffers
+  opts: list | None = None       # the variant's tinygrad opts
 
 
 class Recorder:
@@ -41,6 +44,24 @@ class Recorder:
     cap.__class__ = _Recording
 
 
+def regs_of(dispatch) -> int:
+  """vec4 registers per fiber of a recorded dispatch, from the footprints its launch wrote into SP_CS_CNTL_0 (tinygrad sets
+  them from IR3's max_reg + 1 and max_half_reg + 1; two half registers take the room of one full one)."""
+  from tinygrad.runtime.autogen import mesa
+
+  from backend.emu.pm4 import field
+  v = dispatch.regs.get(mesa.REG_A6XX_SP_CS_CNTL_0, 0)
+  full, half = field(v, "A6XX_SP_CS_CNTL_0_FULLREGFOOTPRINT"), field(v, "A6XX_SP_CS_CNTL_0_HALFREGFOOTPRINT")
+  return full + (half + 1) // 2
+
+
+def work_of(name: str, counts, dispatch) -> ac.Work:
+  """The cost model's Work of one executed dispatch: the emulator's counts and the launch's shape and registers."""
+  groups, local = tuple(int(x) for x in dispatch.groups), tuple(int(x) for x in dispatch.local_size)
+  return ac.Work(name, counts.alu, counts.sfu, counts.tex, counts.mem_load + counts.mem_store, counts.fibers, groups[0] * groups[1] * groups[2],
+                 local[0] * local[1] * local[2], regs=regs_of(dispatch))
+
+
 def kernel_calls(captured, inputs: tuple) -> list[tuple[Any, tuple]]:
   """The program launches of a captured JIT in order, its graphs opened up (copies left out), each with the buffers its
   parameters refer to (a graph's inner launches number their parameters by the graph call's arguments)."""
@@ -57,14 +78,59 @@ def kernel_calls(captured, inputs: tuple) -> list[tuple[Any, tuple]]:
   return out
 
 
-def time_kernels(recorders: list[Recorder], device: str, repeat: int = 5, emu_constants: ac.Constants = ac.DEFAULT) -> list[KernelTime]:
-  """Each kernel launch of the recorded JITs that were called since recording began, run alone `repeat` times."""
+def lib_key(lib: bytes) -> str:
+  """What a register-tile variant is matched to an artifact's kernel by: its IR3 binary (the same bytes are the same kernel)."""
+  return hashlib.sha256(bytes(lib)).hexdigest()[:16]
+
+
+def params_sig(prg) -> list[str]:
+  """The parameters a compiled PROGRAM binds, as its runtime reads them (tinygrad's to_elf signature: name, slot, dtype,
+  shape of each buffer). Two tiles of one kernel can differ here: a buffer read through a texture in one is read with
+  ldg in another, and the launch binds it accordingly, so a binary only stands in for one of the same signature."""
+  from tinygrad.uop.ops import AddrSpace, Ops
+  return [f"{u.arg.name}:{u.arg.slot}:{u.dtype}:{u._shape}" for u in prg.src[1].src if u.op is Ops.PARAM and u.addrspace != AddrSpace.ALU]
+
+
+def _variant_call(call, launch: dict[str, Any]):
+  """The kernel call with another compiled variant of the same kernel (same AST, so the same parameters): its IR3 binary,
+  name and launch shape in place of the original's."""
+  from dataclasses import replace
+  prg = call.src[0]
+  info = replace(prg.arg, name=launch["name"], global_size=tuple(launch["groups"]), local_size=tuple(launch["local"]))
+  binary = prg.src[3].replace(arg=bytes.fromhex(launch["lib"]))
+  return call.replace(src=(prg.replace(src=(*prg.src[:3], binary, *prg.src[4:]), arg=info), *call.src[1:]))
+
+
+def time_kernels(recorders: list[Recorder], device: str, repeat: int = 5, emu_constants: ac.Constants = ac.DEFAULT,
+                 variants: dict[str, list[dict[str, Any]]] | None = None) -> list[KernelTime]:
+  """Each kernel launch of the recorded JITs that were called since recording began, run alone `repeat` times. `variants`
+  (lib_key of a compiled kernel -> the launches of its register-tile variants, compile/tuning/qcom_tiles.py): where a
+  launch is one of them, the others with its parameter signature run on the same buffers right after it, once per
+  kernel, as rows of their own (one of another signature would bind a buffer the wrong way: a GPU fault)."""
   from tinygrad import Device
   from tinygrad.engine.realize import ExecContext, pm_exec
   dev: Any = Device[device]
   node = getattr(dev.iface, "node", None)
   out: list[KernelTime] = []
   seen: list = []
+  done: set[str] = set()
+
+  def timed(call, ctx, name: str, var_vals, variant_of: int | None = None, opts=None) -> None:
+    times, work = [], None
+    for _ in range(1 if node is not None else repeat):
+      seen.clear()
+      ets = pm_exec.rewrite(call, ctx) or []
+      if node is None:
+        times.append(min(float(t) for t in ets if t is not None) * 1e6)
+        continue
+      dev.synchronize()
+      if len(seen) != 1 or not node.counts:
+        raise RuntimeError(f"kernel {name}: expected one executed dispatch, saw {len(seen)}")
+      work = work_of(name, node.counts[-1][1], seen[0])
+      times.append(ac.dispatch_us([work], emu_constants)[0])
+    gs, ls = call.src[0].arg.launch_dims(var_vals)
+    out.append(KernelTime(len(out), name, tuple(int(x) for x in gs), tuple(int(x) for x in ls or ()), min(times), work, variant_of, opts))
+
   if node is not None:
     node.on_dispatch = seen.append
     node.set_execute(True)
@@ -75,25 +141,14 @@ def time_kernels(recorders: list[Recorder], device: str, repeat: int = 5, emu_co
       for call, inputs in kernel_calls(rec.jit.captured, rec.inputs):
         ctx = ExecContext(rec.var_vals, inputs, update_stats=False, jit=True, wait=True)
         prg = call.src[0].arg
-        name = str(getattr(prg, "function_name", None) or getattr(prg, "name", "?"))
-        times = []
-        work = None
-        for _ in range(1 if node is not None else repeat):
-          seen.clear()
-          ets = pm_exec.rewrite(call, ctx) or []
-          if node is None:
-            times.append(min(float(t) for t in ets if t is not None) * 1e6)
-            continue
-          dev.synchronize()
-          if len(seen) != 1 or not node.counts:
-            raise RuntimeError(f"kernel {name}: expected one executed dispatch, saw {len(seen)}")
-          d, (_, c) = seen[0], node.counts[-1]
-          groups, local = tuple(int(x) for x in d.groups), tuple(int(x) for x in d.local_size)
-          work = ac.Work(name, c.alu, c.sfu, c.tex, c.mem_load + c.mem_store, c.fibers, groups[0] * groups[1] * groups[2],
-                         local[0] * local[1] * local[2])
-          times.append(ac.dispatch_us([work], emu_constants)[0])
-        gs, ls = prg.launch_dims(rec.var_vals)
-        out.append(KernelTime(len(out), name, tuple(int(x) for x in gs), tuple(int(x) for x in ls or ()), min(times), work))
+        timed(call, ctx, str(getattr(prg, "function_name", None) or getattr(prg, "name", "?")), rec.var_vals)
+        key = lib_key(call.src[0].src[3].arg)
+        if variants and key in variants and key not in done:
+          done.add(key)
+          at = len(out) - 1
+          for launch in variants[key]:
+            if launch["lib_key"] != key and launch.get("sig") == params_sig(call.src[0]):
+              timed(_variant_call(call, launch), ctx, launch["name"], rec.var_vals, at, launch.get("opts"))
   finally:
     if node is not None:
       node.on_dispatch = None

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from artifact import kinds  # noqa: E402
 from backend import a630_cost as ac  # noqa: E402
 from backend import timeline as tl  # noqa: E402
+from backend.a630_timing import regs_of  # noqa: E402
 
 KINDS = tuple(kinds.KINDS)   # as the artifact registry names them
 
@@ -136,7 +137,7 @@ def record_frame(step, jits: dict[str, object], device: str) -> list[Dispatched]
   for d, (name, c) in zip(seen, executed):
     groups, local = (int(d.groups[0]), int(d.groups[1]), int(d.groups[2])), (int(d.local_size[0]), int(d.local_size[1]), int(d.local_size[2]))
     w = ac.Work(name or hex(d.shader_iova), c.alu, c.sfu, c.tex, c.mem_load + c.mem_store, c.fibers, groups[0] * groups[1] * groups[2],
-                local[0] * local[1] * local[2], flops.get(d.shader_iova, 0.0))
+                local[0] * local[1] * local[2], flops.get(d.shader_iova, 0.0), regs_of(d))
     out.append(Dispatched(w, part.get(d.shader_iova, "model"), local, groups, getattr(c, "read", frozenset()), getattr(c, "written", frozenset())))
   return out
 

@@ -35,6 +35,7 @@ from compile.onnx_model import load_model_info
 from compile.programs import check_signature, recipe_of
 from compile.report import CompileReport
 from compile.runtime_parse import check_runtime_parses
+from compile.tuning import qcom_tiles
 from modeld_msm.named_program import NamedProgram, host_arrays, host_tensors
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.nv12 import nv12_info
@@ -73,9 +74,11 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
   beam = {"BEAM": searched["beam"]} if searched else {}
   if searched:
     cpu_search.install(searched)
+  # QCOM: the shipped register tiles of the big image convolutions (compile/tuning/qcom_tiles.py), heuristic opts elsewhere
+  tiles = qcom_tiles.choose(device, kind.name, camera, {m: i.sha256 for m, i in infos.items()}, cap.flags, cap.dev_name)
   specs = {p.role: p.as_meta(camera) for p in kind.programs}
   plan = recipe.plan
-  with Context(**cap.flags, **beam):
+  with Context(**cap.flags, **beam), tiles.hooked():
     nv = nv12_info(*camera)
     log(f"[compile] loading the {kind.title} for {camera[0]}x{camera[1]} on {cap.capture_target} in {compute}")
     for info in infos.values():
@@ -139,9 +142,14 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
     if (line := recipe.ci_line(sum(kernel_us.values()) / 1e3)) is not None:
       report.checks.append(("a630 vs tinygrad CI", "ok", line))
   report.timings["pickle check"] = time.perf_counter() - t
+  if device == "QCOM":
+    report.checks.append(("register tiles", "ok", tiles.summary()))
+    tiles.finish()
 
   meta = cap.meta(camera, nv, tuple(infos.values()), compute, why, kernel_us, kind.name)
   extra = recipe.meta(prog, use_layout, layout_why, searched, search_why)
+  if device == "QCOM":
+    extra = {**extra, "qcom_tiles": tiles.meta()}
   meta.update({**extra, "cpu_threads": cap.threads, "programs": kind.specs(camera),
                "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, **extra["validation"]}})
   art_mod.write_artifact(out_dir, files, meta)

@@ -21,6 +21,15 @@ def test_a_partial_wave_issues_for_all_64_lanes():
   assert ac.bounds([thin], c) == ["ALU"]
 
 
+def test_registers_limit_the_waves_that_hide_the_fetches():
+  # Mesa's a630 register file: 96 vec4 registers per fiber at 2 waves, so 56 registers leave 2 waves on an SP, 16 leave 12
+  assert [ac.reg_waves(r) for r in (0, 16, 24, 33, 48, 56)] == [16, 12, 8, 4, 4, 2]
+  lean, fat = (replace(_work("k", tex=1e7, groups=1024, group_size=64), regs=r) for r in (16, 56))
+  c = replace(ac.DEFAULT, launch_us=0.0)
+  assert ac.frame_us([fat], c) == ac.frame_us([lean], c)   # 2 waves are enough at the shipped hide_waves
+  assert ac.frame_us([fat], replace(c, hide_waves=8.0)) == pytest.approx(4 * ac.frame_us([lean], replace(c, hide_waves=8.0)))
+
+
 def test_one_workgroup_leaves_the_second_sp_idle():
   c = replace(ac.DEFAULT, launch_us=0.0, hide_waves=1.0)
   one = _work("one", tex=1e7, groups=1, group_size=1024)

@@ -18,6 +18,7 @@ def planted_calib(qcom_artifact, cli, tmp_path_factory):
   (d / "planted.json").write_text(json.dumps(PLANTED))
   r = cli("calibrate-a630", "--artifact", qcom_artifact, "-o", d / "calib.json", "--emu-constants", d / "planted.json", env=EMU)
   assert r.returncode == 0, r.stdout + r.stderr
+  assert "gpu fault" not in r.stdout + r.stderr   # every tile variant binds its buffers as the kernel it stands in for
   return d, json.loads((d / "calib.json").read_text())
 
 
@@ -27,6 +28,16 @@ def test_emulated_run_times_every_kernel_and_the_fit_finds_the_planted_constants
   assert cal["kind"] == "driving" and len(ks) > 10 and all(k["measured_us"] > 0 and k["work"] for k in ks)
   # every launch of the frame, repeats included, in order
   assert [k["index"] for k in ks] == list(range(len(ks))) and len({k["kernel"] for k in ks}) < len(ks)
+  # the big image convolutions also at two or three register-tile sizes (the shipped tile set's compiled variants), on the
+  # same buffers right after the launch they stand in for, each with its own work: the fit below includes them
+  tiles = cal["tiles"]
+  assert tiles and all(2 <= 1 + len(t["variants"]) <= 3 for t in tiles), tiles
+  variants = [k for k in ks if k["variant_of"] is not None]
+  assert len(variants) == sum(len(t["variants"]) for t in tiles)
+  for k in variants:
+    base = ks[k["variant_of"]]
+    assert base["variant_of"] is None and k["kernel"] != base["kernel"] and k["opts"] and k["work"]["regs"] > 0
+    assert k["work"]["tex"] != base["work"]["tex"]   # another tile fetches another number of texels
   got = cal["constants"]
   for name, v in PLANTED.items():
     assert got[name] == pytest.approx(v, rel=0.03), name

@@ -91,7 +91,9 @@ def run(args) -> int:
   emulated = getattr(dev.iface, "node", None) is not None
   if device_rows is not None and not emulated:
     raise UserError("--timings needs the emulated render node (MODELD_DEV=EMU+QCOM:IR3 and tinymesa): run it on a build machine")
-  times = time_kernels(recs, Device.DEFAULT, args.repeat, emu_c)
+  from compile.tuning.qcom_tiles import calibration_launches
+  # the big image convolutions at two or three register-tile sizes: their compiled variants ship with the tile table
+  times = time_kernels(recs, Device.DEFAULT, args.repeat, emu_c, variants=calibration_launches())
   if device_rows is not None:
     if [r["kernel"] for r in device_rows] != [t.kernel for t in times]:
       raise UserError(f"{args.timings}: its kernels are not this artifact's ({len(device_rows)} vs {len(times)} launches, or other names)")
@@ -102,9 +104,15 @@ def run(args) -> int:
                "repeat": args.repeat, "kernels": [], "constants": None, "shipped": ac.constants_dict(ac.DEFAULT), "residuals": []}
   for t in times:
     out["kernels"].append({"index": t.index, "kernel": t.kernel, "global": list(t.global_size), "local": list(t.local_size),
-                           "measured_us": round(t.measured_us, 3),
+                           "measured_us": round(t.measured_us, 3), "variant_of": t.variant_of, "opts": t.opts,
                            "work": None if t.work is None else {k: getattr(t.work, k) for k in ("alu", "sfu", "tex", "nbytes", "fibers", "groups",
-                                                                                                 "group_size")}})
+                                                                                                 "group_size", "regs")}})
+  out["tiles"] = [{"kernel": times[i].kernel, "measured_us": round(times[i].measured_us, 3),
+                   "variants": [{"kernel": t.kernel, "opts": t.opts, "measured_us": round(t.measured_us, 3)} for t in times if t.variant_of == i]}
+                  for i in sorted({t.variant_of for t in times if t.variant_of is not None})]
+  if out["tiles"]:
+    print(f"register tiles: {len(out['tiles'])} big image convolutions also timed at "
+          f"{', '.join(str(1 + len(r['variants'])) for r in out['tiles'])} tile sizes")
   if all(t.work is not None for t in times):
     fitted, res = fit_kernels(times)
     out["constants"] = ac.constants_dict(fitted)

@@ -1,1 +1,1 @@
-"""Maintainers' tools that drive compiles: record, tune and re-key the shipped kernel search."""
+"""Maintainers' tools that drive compiles: record, tune and re-key the shipped kernel search; record the QCOM register tiles."""

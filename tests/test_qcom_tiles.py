@@ -1,0 +1,107 @@
+"""QCOM register tiles (compile/tuning/qcom_tiles.py): the search's choice rule, the shipped table's evidence, a QCOM
+compile applying it (the tiny driving artifact every QCOM test shares), and the fallback to tinygrad's heuristic."""
+import json
+from dataclasses import asdict
+
+import pytest
+
+from backend import a630_cost as ac
+from compile.capture import QCOM_FLAGS_OF
+from compile.tuning import qcom_tiles as q
+from selfdrive_glue.errors import UserError
+
+
+def _variant(tex: float, regs: int, exact: bool, opts: list, sig: str = "data1:1:half") -> q.Variant:
+  """A texture-bound kernel of plenty of waves: its time is its fetches, over the waves its registers leave resident."""
+  w = ac.Work(f"k{len(opts)}_{tex:g}", 1e6, 0, tex, 0, 65536, 1024, 64, regs=regs)
+  return q.Variant(opts, w.name, asdict(w), ac.dispatch_us([w])[0], exact, "" if exact else "outputs differ",
+                   {"lib": "00", "name": w.name, "function_name": w.name, "groups": [1024, 1, 1], "local": [64, 1, 1], "sig": [sig]})
+
+
+def test_the_search_chooses_a_tile_that_loses_nowhere_in_the_band_and_times_two_or_three_sizes():
+  heur = _variant(10e6, 16, True, [["UPCAST", 0, 4]])
+  wrong = _variant(1e6, 16, False, [["UPCAST", 0, 4], ["UNROLL", 0, 4]])
+  # fastest under the shipped constants, but 2 resident waves: slower than the heuristic if 8 are needed to hide fetches
+  greedy = _variant(4e6, 56, True, [["UPCAST", 0, 4], ["UPCAST", 1, 5]])
+  bigger = _variant(6e6, 24, True, [["UPCAST", 0, 4], ["UPCAST", 1, 2]])
+  biggest = _variant(5e6, 30, True, [["UPCAST", 0, 4], ["UPCAST", 1, 3]])
+  smaller = _variant(20e6, 10, True, [])
+  other_binding = _variant(3.5e6, 64, True, [["UPCAST", 0, 4], ["UPCAST", 3, 4]], sig="data1:1:image")
+  f = q.Searched("ab", "k", 1, [heur, wrong, greedy, bigger, biggest, smaller, other_binding])
+  assert greedy.us < bigger.us and f.best() is bigger   # outputs that differ never win; a tile that could lose neither
+  # calibrate-a630 times the heuristic's tile, the chosen one and the largest tried (fewest fetches) of those that bind
+  # the buffers as the chosen one does (one reading a buffer through a texture instead would fault in its place)
+  assert q.calibration_variants(f) == [heur, bigger, greedy]
+  # where the heuristic is the best, the other size is the one with the fewest fetches, here a smaller one's
+  f2 = q.Searched("cd", "k", 1, [_variant(2e6, 16, True, [["UPCAST", 0, 4]]), smaller])
+  assert q.calibration_variants(f2) == f2.variants
+
+
+def test_the_shipped_sets_carry_their_evidence():
+  table = q.load_table(q.TABLE)
+  assert table["sets"], "no shipped register-tile set"
+  for s in table["sets"]:
+    assert s["match"]["device"] == "QCOM" and s["match"]["tinygrad"] and s["match"]["models"]
+    for e in s["entries"]:
+      vs = e["variants"]
+      heur, chosen = vs[0], next(v for v in vs if v["opts"] == e["opts"])
+      assert heur["name"] == e["heuristic"] and heur["bit_exact"]
+      # the choice is bit-exact with the heuristic kernel on its seeded inputs and no slower under the shipped constants
+      assert chosen["bit_exact"] and chosen["us"] <= heur["us"] and chosen["name"] == e["name"]
+      assert q.Searched(e["ast"], e["heuristic"], e["macs"], [q.Variant(**{**v, "launch": None}) for v in vs]).best().opts == e["opts"]
+      # the tiles calibrate-a630 times in place of the chosen kernel: they bind its buffers the same way
+      cal = e["calibration"]
+      assert any(c["opts"] == e["opts"] for c in cal) and all(c["lib"] and c["groups"] and c["sig"] == cal[0]["sig"] for c in cal)
+
+
+pytestmark_artifact = pytest.mark.xdist_group("qcom_artifact")
+
+
+@pytestmark_artifact
+def test_a_qcom_compile_applies_the_shipped_tiles_and_its_checks_pass(qcom_artifact):
+  meta = json.loads((qcom_artifact / "metadata.json").read_text())
+  tiles = meta["qcom_tiles"]
+  entries = next(s for s in q.load_table(q.TABLE)["sets"] if s["size"] == "tiny" and s["match"]["kind"] == "driving")["entries"]
+  assert tiles["used"] and tiles["kernels"] == len(entries) and tiles["misses"] == 0, tiles
+  changed = [e for e in entries if e["name"] != e["heuristic"]]
+  assert changed, "the tiny set changes no kernel: the test would prove nothing"
+  for e in changed:   # the artifact runs the chosen kernels, not the heuristic's
+    assert e["name"] in meta["kernel_us"] and e["heuristic"] not in meta["kernel_us"], e["name"]
+  checks = {c: (r, d) for c, r, d in meta["validation"]["checks"]}
+  assert checks["jit == unjitted"][0] == "ok" and checks["pickle replay (EMU)"][0] == "ok"
+  assert "from the shipped set" in checks["register tiles"][1]
+
+
+def test_other_models_and_devices_keep_the_heuristic_and_say_so(monkeypatch):
+  flags = QCOM_FLAGS_OF["0.11"]
+  t = q.choose("QCOM", "driving", (1928, 1208), {"vision": "0" * 64, "policy": "0" * 64}, flags)
+  assert t.recorded is None and t.summary() == "tinygrad's heuristic opts (no shipped register-tile set for these models/camera/flags)"
+  assert q.choose("CPU", "driving", (1928, 1208), {}, {}).summary().startswith("tinygrad's heuristic opts")
+  monkeypatch.setenv(q.MODE_ENV, "off")
+  assert "=off" in q.choose("QCOM", "driving", (1928, 1208), {}, flags).summary()
+  monkeypatch.setenv(q.MODE_ENV, "fast")
+  with pytest.raises(UserError, match="use auto or off"):
+    q.choose("QCOM", "driving", (1928, 1208), {}, flags)
+
+
+def test_the_hook_stands_in_for_beam_search_only_while_capturing():
+  from tinygrad.codegen.opt import search
+  from tinygrad.helpers import BEAM
+  kept = search.beam_search
+  t = q.Tiles({"entries": [], "min_macs": 5}, "test")
+  with t.hooked():
+    assert search.beam_search is t and BEAM.value == 1
+  assert search.beam_search is kept and BEAM.value == 0
+  with q.Tiles(None, "none").hooked():   # nothing to apply: tinygrad untouched
+    assert search.beam_search is kept
+
+
+def test_a_broken_table_is_refused_in_one_line(tmp_path, monkeypatch):
+  bad = tmp_path / "t.json"
+  bad.write_text('{"format": 99, "sets": []}')
+  monkeypatch.setenv(q.TABLE_ENV, str(bad))
+  with pytest.raises(UserError, match="record it again"):
+    q.load_table()
+  bad.write_text("{not json")
+  with pytest.raises(UserError, match="not a QCOM register-tile table"):
+    q.load_table()
