@@ -66,8 +66,14 @@ def test_car_artifact_is_submitted_in_chunks_of_estimated_time(qcom_artifact, mo
   kernel_us = meta["kernel_us"]
   assert kernel_us and all(us >= DISPATCH_OVERHEAD_US for us in kernel_us.values()) and max(kernel_us.values()) > 2 * DISPATCH_OVERHEAD_US
   assert "a630 time estimate" in {c for c, _, _ in meta["validation"]["checks"]}
+  from test_ir3 import _emu
+
+  from backend.msm import Settings
   info, old = nv12_info(1928, 1208), DEV.value
   monkeypatch.setenv("MODELD_DEV", "EMU+QCOM:IR3")
+  # the process's one QCOM device keeps the MSM_* settings it was opened with: open it before changing any, and give it
+  # each environment's settings for this test only (opened under MSM_CHUNK_KERNELS=1, every later test would chunk per kernel)
+  dev_iface = _emu().iface
 
   def full_step_submits(env: dict[str, str | None]) -> tuple[int, list[str]]:
     for k, v in env.items():
@@ -75,6 +81,7 @@ def test_car_artifact_is_submitted_in_chunks_of_estimated_time(qcom_artifact, mo
         monkeypatch.delenv(k, raising=False)
       else:
         monkeypatch.setenv(k, v)
+    monkeypatch.setattr(dev_iface, "settings", Settings.from_env(dev_iface.priorities))
     core = ModeldCore(qcom_artifact)   # fresh JITs: their graphs bind (and plan their chunks) under this environment
     it = Device["QCOM"].iface
     core.on_message(event_reader("deviceState", deviceType="tici"))

@@ -18,8 +18,14 @@ def _run(monkeypatch, on: bool, conflicts=None):
   """Three steps of a captured graph: two independent kernels, then one reading both. -> (outputs, waits dropped, hazards)."""
   from tinygrad import Tensor, TinyJit
   from tinygrad.helpers import Context
-  node = _emu().iface.node
+  from backend.msm import Settings
+  iface = _emu().iface
+  node = iface.node
   monkeypatch.setenv(qcom.NO_WFI_ENV, "1" if on else "0")
+  # the default chunking, whatever the device was opened with (a submit's first dispatch always keeps its wait)
+  for k in ("MSM_CHUNK_KERNELS", "MSM_CHUNK_US"):
+    monkeypatch.delenv(k, raising=False)
+  monkeypatch.setattr(iface, "settings", Settings.from_env(iface.priorities))
   if conflicts is not None:
     monkeypatch.setattr(qcom.Access, "conflicts", conflicts)
   bound: list = []
