@@ -18,6 +18,7 @@ def _run(monkeypatch, on: bool, conflicts=None):
   """Three steps of a captured graph: two independent kernels, then one reading both. -> (outputs, waits dropped, hazards)."""
   from tinygrad import Tensor, TinyJit
   from tinygrad.helpers import Context
+
   from backend.msm import Settings
   iface = _emu().iface
   node = iface.node
