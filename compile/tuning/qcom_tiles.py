@@ -31,9 +31,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from artifact import kinds
 from artifact.format import installed_versions
 from backend import a630_cost as ac
 from compile.cpu.search import opts_json
+from compile.tuning import run_tool
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
@@ -428,7 +430,6 @@ def record(kind: str, size: str, camera: tuple[int, int], seed: int = 0, openpil
   import subprocess
   import tempfile
 
-  from artifact import kinds
   from compile.capture import QCOM_FLAGS_OF
   from compile.programs import recipe_of
   from selfdrive_glue.files import sha256_file
@@ -461,7 +462,7 @@ def main() -> int:
   from selfdrive_glue.nv12 import parse_camera
   ap = argparse.ArgumentParser(description="record the QCOM register-tile set of a kind's reference models")
   ap.add_argument("cmd", choices=("record",))
-  ap.add_argument("--kind", default="driving")
+  ap.add_argument("--kind", default="driving", choices=kinds.choices())
   ap.add_argument("--size", default="tiny")
   ap.add_argument("--camera", default="1928x1208")
   ap.add_argument("--keep", type=Path, help="write the recording compile's artifact here")
@@ -473,8 +474,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  try:
-    raise SystemExit(main())
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    raise SystemExit(e.exit_code) from None
+  run_tool(main)

@@ -28,6 +28,7 @@ from compile.cpu import layout as cpu_layout
 from compile.cpu import search as cpu_search
 from compile.cpu.search import TABLE, opts_json, tuned_count
 from compile.refmodels.driving import write_models
+from compile.tuning import run_tool
 from compile.tuning import tune as cpu_tune
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import sha256_file, write_atomic
@@ -191,8 +192,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  try:
-    raise SystemExit(main())
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    raise SystemExit(e.exit_code) from None
+  run_tool(main)
