@@ -27,7 +27,7 @@ import numpy as np
 from artifact import format as art_mod
 from artifact import kinds
 from artifact.jit_pickle import pickle_programs, unpickle_programs
-from compile import preflight
+from compile import image_layout, preflight
 from compile.capture import check_out_dir, compile_options, open_capture, replay_on_emu
 from compile.checks import ORT_ATOL, ORT_RTOL, ort_check, outputs_of, run_plan, same_steps
 from compile.cpu import search as cpu_search
@@ -142,14 +142,16 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
     if (line := recipe.ci_line(sum(kernel_us.values()) / 1e3)) is not None:
       report.checks.append(("a630 vs tinygrad CI", "ok", line))
   report.timings["pickle check"] = time.perf_counter() - t
+  image_rewrites = getattr(prog, "image_rewrites", {})
   if device == "QCOM":
+    report.checks.append(("image layout", "ok", image_layout.summary(image_rewrites)))
     report.checks.append(("register tiles", "ok", tiles.summary()))
     tiles.finish()
 
   meta = cap.meta(camera, nv, tuple(infos.values()), compute, why, kernel_us, kind.name)
   extra = recipe.meta(prog, use_layout, layout_why, searched, search_why)
   if device == "QCOM":
-    extra = {**extra, "qcom_tiles": tiles.meta()}
+    extra = {**extra, "qcom_tiles": tiles.meta(), "image_layout": image_rewrites}
   meta.update({**extra, "cpu_threads": cap.threads, "programs": kind.specs(camera),
                "validation": {"checks": report.checks, "ort_rtol": ORT_RTOL, "ort_atol": ORT_ATOL, **extra["validation"]}})
   art_mod.write_artifact(out_dir, files, meta)

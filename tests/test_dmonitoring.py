@@ -239,12 +239,15 @@ def test_qcom_dm_artifact_executes_on_the_emulated_a630_like_the_cpu(tmp_path, d
   r = cli("compile", "--dmonitoring", dm_model, "--camera", "1928x1208", "--device", "QCOM", "-o", out)
   assert r.returncode == 0, r.stdout + r.stderr
   rows = {line.split("  ")[0].strip() for line in r.stdout.splitlines()}
-  assert {"pickle replay (EMU)", "a630 time estimate", "a630 vs tinygrad CI", "register tiles"} <= rows, r.stdout
+  assert {"pickle replay (EMU)", "a630 time estimate", "a630 vs tinygrad CI", "register tiles", "image layout"} <= rows, r.stdout
   # no register-tile set is shipped for the tiny DM: the report says its kernels keep tinygrad's heuristic opts
   assert "tinygrad's heuristic opts (no shipped register-tile set" in r.stdout, r.stdout
   art = verify_artifact(out, device="QCOM", process="dmonitoringmodeld")
   assert art.meta["flags"] == {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "OPENPILOT_HACKS": 1, "IMAGE": 2}, art.meta["flags"]
   assert art.meta["openpilot"] == "0.11" and art.meta["kernel_us"]
+  # the one-channel 4x4 stride-4 stem runs as a 1x1 convolution over 16-channel blocks (compile/image_layout.py); the
+  # outputs below are still the CPU artifact's, which runs the graph as it is
+  assert art.meta["image_layout"] == {"dmonitoring_stems_space_to_depth": 1}, art.meta["image_layout"]
   code = """
 import json, sys, numpy as np
 from modeld_msm.dm_core import DMonitoringCore

@@ -12,6 +12,7 @@ import numpy as np
 
 from artifact.kinds import Kind
 from artifact.load import frame_tensor
+from compile import image_layout
 from compile.checks import StepInputs
 from compile.cpu import layout as cpu_layout
 from compile.cpu import search as cpu_search
@@ -28,15 +29,18 @@ def build_program(vinfo: OnnxModelInfo, pinfo: OnnxModelInfo, nv: NV12Info, devi
   """The unjitted per-frame program in the given precision and layout: fp32 builds the runners from widened copies of
   the models, the CPU layout from rewritten ones plus its op table (compile/cpu/layout.py); onnxruntime still checks the
   originals. layout None: as compile_artifact chooses it for `device`. The rewrite counts are on the program as
-  `layout_rewrites`."""
+  `layout_rewrites` (the CPU layout's) and `image_rewrites` (compile/image_layout.py's)."""
   if layout is None:
     layout, _ = cpu_layout.choose(device, os.environ.get("MODELD_CPU_LAYOUT", "auto"))
-  if compute != "fp32" and not layout:
+  image = image_layout.images()
+  if compute != "fp32" and not layout and not image:
     return DrivingProgram(vinfo, pinfo, nv, device)
   with tempfile.TemporaryDirectory(prefix="modeld-msm-build-") as td:
-    (vpath, vn), (ppath, pn) = (runner_model(i.path, compute, layout, Path(td)) for i in (vinfo, pinfo))
+    (vpath, vn), (ppath, pn) = (runner_model(i.path, compute, layout, Path(td), image) for i in (vinfo, pinfo))
     prog = DrivingProgram(replace(vinfo, path=vpath), replace(pinfo, path=ppath), nv, device, cpu_ops=layout)
-  prog.layout_rewrites = {f"{m}_{k}": n for m, counts in (("vision", vn), ("policy", pn)) for k, n in counts.items()}
+  split = [image_layout.split_counts(counts, m) for m, counts in (("vision", vn), ("policy", pn))]
+  prog.layout_rewrites = {k: n for cpu, _ in split for k, n in cpu.items()}
+  prog.image_rewrites = {k: n for _, img in split for k, n in img.items()}   # type: ignore[attr-defined]
   return prog
 
 
