@@ -40,9 +40,10 @@ def _check(report, rows, kinds):
 
 @pytest.mark.xdist_group("qcom_artifact")
 def test_driving_frame_adds_up(qcom_artifact, tmp_path):
-  out, report, rows = _bench(tmp_path, "--kinds", "driving", "--driving", str(qcom_artifact))
+  out, report, rows = _bench(tmp_path, "--kinds", "driving", "--driving", str(qcom_artifact), "--calibrate-against", "artifacts")
   _check(report, rows, ["driving"])
   assert "bound by:" in out and "machine:" in out
+  assert "our artifacts, levers on (biased low)" in out and re.search(r"\n  driving +[\d.]+ +[\d.]+ .*<= 20 (met|missed)", out), out[-1500:]
   # the wait-for-idle lever: dispatches independent of those in flight, from the ranges level B saw each one touch; a
   # model is mostly a chain, so some but far from all
   m = re.search(r"wait-for-idle lever.*driving (\d+) of (\d+) dispatches independent", out)
@@ -54,6 +55,14 @@ def test_every_kind_at_tiny_size_adds_up(tmp_path):
   out, report, rows = _bench(tmp_path, "--work", str(tmp_path / "work"))
   _check(report, rows, ["driving", "supercombo", "stateful", "dmonitoring"])   # every kind of the registry
   assert len(report["calibration"]) == 3 and "not comparable" in report["calibration"][0]["source"]
+  # the calibration is fitted on the measured programs' stand-ins: the calibrated kinds compiled again without our levers,
+  # whose frames are not our artifacts' (the DM's stem is rewritten for images in ours, not in its baseline)
+  assert "compiled the tiny baseline dmonitoring model" in out and "the kinds compiled without our levers" in out, out[-3000:]
+  assert {c["source"].split(":")[0] for c in report["calibration"]} == {"tinygrad CI", "openpilot#38399"}
+  base_dm = next(c for c in report["calibration"] if "driverStateV2" in c["source"])["estimated_ms"]
+  assert base_dm != pytest.approx(report["models"]["dmonitoring"]["ms"], abs=1e-3)
+  for kind in ("driving", "supercombo", "stateful", "dmonitoring"):
+    assert re.search(rf"\n  {kind} +[\d.]+ +[\d.]+ ", out), out[-1500:]
   # the combined model is the pair fused: pruned like the pair's, its frame replays no constant weight re-layouts (unpruned,
   # the tiny one dispatched 127 against the pair's 95)
   m = report["models"]
