@@ -86,4 +86,22 @@ def test_a_master_dm_artifact_records_its_warp(dm_model, tmp_path):
   r = run_cli("compile", "--model", dm_model, "--camera", "1344x760", "--device", "CPU", "--openpilot", "master", "-o", tmp_path / "a",
               timeout=900)
   assert r.returncode == 0, r.stderr[-2000:]
-  assert json.loads((tmp_path / "a" / "metadata.json").read_text())["dm_warp"] == {"outside_the_frame": "fill 16"}
+  assert json.loads((tmp_path / "a" / "metadata.json").read_text())["dm_warp"] == {"outside_the_frame": "fill 16", "in_the_model_kernel": False}
+
+
+@pytest.mark.parametrize("border", [None, MASTER_BORDER])
+def test_the_warp_folded_into_the_models_first_kernel_changes_no_output(dm_model, border):
+  """For images the DM program leaves its warp lazy, so the model's input conversion gathers from the frame itself: the
+  outputs are bit-identical to the program that realizes the warp first (built here on the CPU, where both run)."""
+  from compile.onnx_model import load_model_info
+  from compile.programs.dmonitoring_step import DMProgram
+  prog = DMProgram(load_model_info(dm_model, "dmonitoring"), NV, "CPU", border=border)
+  rng = np.random.default_rng(3)
+  frame = rng.integers(0, 256, NV.size, dtype=np.uint8)
+  m = np.asarray(dm_warp_matrix(NV.width), np.float32) @ np.array([[1.01, 0.02, -9.5], [-0.01, 0.99, 7.25], [0, 0, 1]], np.float32)
+  calib = np.array([[0.02, -0.01, 0.03]], np.float32)
+  outs = {}
+  for fold in (False, True):
+    prog.fold_warp = fold
+    outs[fold] = prog.run(Tensor(frame), Tensor(m), Tensor(calib)).numpy()
+  assert np.isfinite(outs[False]).all() and np.array_equal(outs[True], outs[False])

@@ -248,6 +248,7 @@ def test_qcom_dm_artifact_executes_on_the_emulated_a630_like_the_cpu(tmp_path, d
   # the one-channel 4x4 stride-4 stem runs as a 1x1 convolution over 16-channel blocks (compile/image_layout.py); the
   # outputs below are still the CPU artifact's, which runs the graph as it is
   assert art.meta["image_layout"] == {"dmonitoring_stems_space_to_depth": 1}, art.meta["image_layout"]
+  assert art.meta["dm_warp"]["in_the_model_kernel"] is True   # the warp gathers inside the model's first kernel
   code = """
 import json, sys, numpy as np
 from modeld_msm.dm_core import DMonitoringCore

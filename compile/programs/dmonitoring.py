@@ -78,4 +78,5 @@ class Recipe:
 
   def meta(self, prog: DMProgram, use_layout: bool, layout_why: str, searched: dict[str, Any] | None, search_why: str | None) -> dict[str, Any]:
     return {"cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites}, "validation": {"steps": STEPS},
-            "dm_warp": {"outside_the_frame": "edge" if prog.border is None else f"fill {prog.border}"}}
+            "dm_warp": {"outside_the_frame": "edge" if prog.border is None else f"fill {prog.border}",
+                        "in_the_model_kernel": prog.fold_warp}}

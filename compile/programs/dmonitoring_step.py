@@ -12,6 +12,7 @@ from typing import Any
 from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
+from compile import image_layout
 from compile.onnx_model import OnnxModelInfo
 from compile.programs import one_model
 from compile.programs.dm_warp import warp_y
@@ -24,11 +25,16 @@ class DMProgram:
     self.device, self.nv12, self.border = device, nv12, border
     self.model, self.dtypes = one_model.runner(info, device, cpu_ops)
     self.layout_rewrites: dict[str, int] = {}
+    # for images the warp is left lazy: the model's first kernel gathers, converts to fp16 and lays out its input image in
+    # one pass, where the warp's own kernel would write 1.4 MB of uint8 for that kernel to read back
+    self.fold_warp = image_layout.images()
 
   def warp(self, frame: Tensor, m_inv: Tensor) -> Tensor:
-    img = warp_y(frame, m_inv.to(self.device).cast(dtypes.float32), self.nv12, *DM_INPUT_SIZE, border=self.border).contiguous()
-    with Context(SPLIT_REDUCEOP=0):   # a gather over the frame: split reduces would make it many partial passes
-      img.realize()
+    img = warp_y(frame, m_inv.to(self.device).cast(dtypes.float32), self.nv12, *DM_INPUT_SIZE, border=self.border)
+    if not self.fold_warp:
+      img = img.contiguous()
+      with Context(SPLIT_REDUCEOP=0):   # a gather over the frame: split reduces would make it many partial passes
+        img.realize()
     return img.reshape(1, -1)
 
   def run(self, frame: Tensor, m_inv: Tensor, calib: Tensor) -> Tensor:
