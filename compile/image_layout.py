@@ -51,11 +51,12 @@ def summary(counts: dict[str, int]) -> str:
 
 
 def rewrite(src: Path, dst: Path) -> dict[str, int]:
-  """Write src with `space_to_depth_stems` applied into dst; returns {"stems_space_to_depth": count}."""
+  """Write src with `space_to_depth_stems` applied into dst, where it rewrote anything; returns {"stems_space_to_depth": count}."""
   import onnx
   m = onnx.load(str(src))
   count = space_to_depth_stems(m)
-  onnx.save(m, str(dst))
+  if count:
+    onnx.save(m, str(dst))
   return {"stems_space_to_depth": count}
 
 

@@ -41,11 +41,7 @@ def warp_nv12(frame: Tensor, M: Tensor, info: NV12Info) -> Tensor:
     return _warp_nv12_direct(frame, M, info)
   sx, sy = _sample_index(M, MODEL_W, MODEL_H, info.width, info.height)
   y = frame[(sy * info.stride + sx).flatten()].reshape(MODEL_H, MODEL_W)
-  Muv = M * Tensor(_UV_SCALE, dtype=dtypes.float32, device=M.device)
-  ux, uy = _sample_index(Muv, MODEL_W // 2, MODEL_H // 2, info.width // 2, info.height // 2)
-  uv_idx = (info.uv_offset + uy * info.stride + ux * 2).flatten()
-  u = frame[uv_idx].reshape(MODEL_H // 2, MODEL_W // 2)
-  v = frame[uv_idx + 1].reshape(MODEL_H // 2, MODEL_W // 2)
+  u, v = _uv(frame, M, info)
   # ch0..3: Y at (even,even), (odd,even), (even,odd), (odd,odd) as (row, col) parity
   return Tensor.stack(y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], u, v)
 
@@ -59,11 +55,16 @@ def _warp_nv12_direct(frame: Tensor, M: Tensor, info: NV12Info) -> Tensor:
   ys = (Tensor.arange(MODEL_H // 2, dtype=dtypes.float32).reshape(1, -1, 1) * 2 + (ch % 2).cast(dtypes.float32)).expand(shape)
   sx, sy = _sample_at(M, xs, ys, info.width, info.height)
   y = frame[(sy * info.stride + sx).flatten()].reshape(shape)
+  u, v = _uv(frame, M, info)
+  return y.cat(u.reshape(1, *shape[1:]), v.reshape(1, *shape[1:]), dim=0)
+
+
+def _uv(frame: Tensor, M: Tensor, info: NV12Info) -> tuple[Tensor, Tensor]:
+  """The U and V planes sampled at the model's half resolution, (128, 256) each."""
   Muv = M * Tensor(_UV_SCALE, dtype=dtypes.float32, device=M.device)
   ux, uy = _sample_index(Muv, MODEL_W // 2, MODEL_H // 2, info.width // 2, info.height // 2)
   uv_idx = (info.uv_offset + uy * info.stride + ux * 2).flatten()
-  u, v = frame[uv_idx].reshape(1, *shape[1:]), frame[uv_idx + 1].reshape(1, *shape[1:])
-  return y.cat(u, v, dim=0)
+  return frame[uv_idx].reshape(MODEL_H // 2, MODEL_W // 2), frame[uv_idx + 1].reshape(MODEL_H // 2, MODEL_W // 2)
 
 
 def _source_coords_np(M: np.ndarray, out_w: int, out_h: int, src_w: int, src_h: int) -> tuple[np.ndarray, np.ndarray]:
