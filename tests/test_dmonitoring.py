@@ -269,7 +269,9 @@ print(json.dumps([d.wheelOnRightProb, list(d.leftDriverData.faceOrientation), d.
   got = {}
   for name, path in (("qcom", out), ("cpu", dm_cpu_artifact)):
     p = subprocess.run([sys.executable, "-c", code, str(path), str(NV.size)], capture_output=True, text=True, cwd=REPO, timeout=600,
-                       env={**os.environ, "MODELD_DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1", "MSM_INDEPENDENT_NO_WFI": "1"} if name == "qcom" else None)
+                       # chunks of 0.5 ms: the tiny model's whole frame is about one default chunk (2.5 ms)
+                       env={**os.environ, "MODELD_DEV": "EMU+QCOM:IR3", "EMU_EXEC": "1", "MSM_INDEPENDENT_NO_WFI": "1",
+                            "MSM_CHUNK_US": "500"} if name == "qcom" else None)
     assert p.returncode == 0, p.stderr
     got[name] = json.loads(p.stdout.strip().splitlines()[-1])
   np.testing.assert_allclose(np.hstack([got["qcom"][0], got["qcom"][1], got["qcom"][2]]),
