@@ -105,3 +105,31 @@ def test_a_broken_table_is_refused_in_one_line(tmp_path, monkeypatch):
   bad.write_text("{not json")
   with pytest.raises(UserError, match="not a QCOM register-tile table"):
     q.load_table()
+
+
+def test_the_shipped_table_is_pinned_and_an_edited_copy_refused(tmp_path, monkeypatch):
+  """calibrate-a630 runs the IR3 binaries the table holds on a device: a table that is not the one recorded is refused."""
+  import hashlib
+  copy = tmp_path / q.TABLE.name
+  data = q.TABLE.read_bytes()
+  assert hashlib.sha256(data).hexdigest() == q.TABLE_SHA256
+  copy.write_bytes(data)
+  monkeypatch.setattr(q, "TABLE", copy)
+  assert q.load_table()["sets"]
+  copy.write_bytes(data.replace(b'"recorded"', b'"recorded "', 1))
+  with pytest.raises(UserError, match=r"qcom_tiles_table.json does not match the sha256 recorded in tuning/qcom_tiles.py; record it again"):
+    q.load_table()
+
+
+def test_pinned_write_records_the_tables_sha256_in_its_source(tmp_path):
+  from compile import pinned
+  src, table = tmp_path / "reader.py", tmp_path / "t.json"
+  src.write_text('X = 1\nTABLE_SHA256: str | None = None\nY = 2\n')
+  sha = pinned.write(table, b'{"a": 1}\n', src)
+  assert table.read_bytes() == b'{"a": 1}\n' and src.read_text() == f'X = 1\nTABLE_SHA256: str | None = "{sha}"\nY = 2\n'
+  pinned.check(table, table.read_bytes(), sha, src, "fix")
+  with pytest.raises(UserError, match="t.json does not match the sha256 recorded in .*/reader.py; fix"):
+    pinned.check(table, b'{"a": 2}\n', sha, src, "fix")
+  (tmp_path / "no_pin.py").write_text("X = 1\n")
+  with pytest.raises(RuntimeError, match="TABLE_SHA256 line not found"):
+    pinned.write(table, b"{}", tmp_path / "no_pin.py")

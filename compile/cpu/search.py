@@ -21,10 +21,8 @@ The recorded set is recorded in the artifact's manifest ("search"). Recording, t
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ from tinygrad.helpers import CACHELEVEL, IGNORE_BEAM_CACHE, diskcache_put
 from artifact import cpu_threads
 from artifact.cpu_info import cpu_info
 from artifact.format import installed_versions
+from compile import pinned
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
@@ -56,9 +55,8 @@ def load_table(path: Path | None = None) -> dict[str, Any]:
   if not path.is_file():
     return {"format": FORMAT, "sets": []}
   data = path.read_bytes()
-  if path == TABLE and hashlib.sha256(data).hexdigest() != TABLE_SHA256:
-    raise UserError(f"{path.name} does not match the sha256 recorded in compile/cpu/search.py; re-record it "
-                    "(python -m compile.tuning.record record) or remove it")
+  if path == TABLE:
+    pinned.check(path, data, TABLE_SHA256, Path(__file__), "re-record it (python -m compile.tuning.record record) or remove it")
   table = json.loads(data)
   if table.get("format") != FORMAT:
     raise UserError(f"{path.name}: search table format {table.get('format')!r}, expected {FORMAT}; "
@@ -212,13 +210,6 @@ def write_table(table: dict[str, Any], table_path: Path = TABLE) -> None:
   global TABLE_SHA256
   data = table_bytes(table)
   if table_path == TABLE:
-    src = Path(__file__)
-    sha = hashlib.sha256(data).hexdigest()
-    text, n = re.subn(r'^TABLE_SHA256: str \| None = .*$', f'TABLE_SHA256: str | None = "{sha}"', src.read_text(), count=1, flags=re.M)
-    if n != 1:
-      raise RuntimeError(f"TABLE_SHA256 line not found in {src}")
-    write_atomic(table_path, data)
-    write_atomic(src, text)
-    TABLE_SHA256 = sha
+    TABLE_SHA256 = pinned.write(table_path, data, Path(__file__))
   else:
     write_atomic(table_path, data)

@@ -34,12 +34,15 @@ from typing import Any
 from artifact import kinds
 from artifact.format import installed_versions
 from backend import a630_cost as ac
+from compile import pinned
 from compile.cpu.search import opts_json
 from compile.tuning import run_tool
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.files import write_atomic
 
 TABLE = Path(__file__).with_name("qcom_tiles_table.json")
+# sha256 of the shipped table (compile/pinned.py): calibrate-a630 runs the IR3 binaries it holds on a device
+TABLE_SHA256: str | None = "8f9916f5365bfebd8072846c964d3839765e72b22ef5f3fcc1a7f2c51712ce79"
 FORMAT = 1
 TABLE_ENV = "MODELD_QCOM_TILES_TABLE"    # a candidate table to compile with instead (A/B runs, tests)
 MODE_ENV = "MODELD_QCOM_TILES"           # auto (the shipped set where one matches) or off (tinygrad's heuristic everywhere)
@@ -71,8 +74,11 @@ def load_table(path: Path | None = None) -> dict[str, Any]:
   path = path or Path(os.environ.get(TABLE_ENV) or TABLE)
   if not path.is_file():
     return {"format": FORMAT, "sets": []}
+  data = path.read_bytes()
+  if path == TABLE:
+    pinned.check(path, data, TABLE_SHA256, Path(__file__), "record it again (python -m compile.tuning.qcom_tiles record) or restore it")
   try:
-    table = json.loads(path.read_text())
+    table = json.loads(data)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise UserError(f"{path}: not a QCOM register-tile table ({e})") from None
   if not isinstance(table, dict) or table.get("format") != FORMAT or not isinstance(table.get("sets"), list):
@@ -83,9 +89,14 @@ def load_table(path: Path | None = None) -> dict[str, Any]:
 
 def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
   """Add one recorded set, replacing the set with the same match key."""
+  global TABLE_SHA256
   table = load_table(table_path)
   table["sets"] = [s for s in table["sets"] if s["match"] != recorded["match"]] + [recorded]
-  write_atomic(table_path, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode())
+  data = (json.dumps(table, indent=1, sort_keys=True) + "\n").encode()
+  if table_path == TABLE:
+    TABLE_SHA256 = pinned.write(table_path, data, Path(__file__))
+  else:
+    write_atomic(table_path, data)
 
 
 def calibration_launches(table: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
