@@ -14,6 +14,25 @@ from selfdrive_glue.files import write_atomic
 VAR = "TABLE_SHA256"
 
 
+def read(path: Path, shipped: Path, pin: str | None, src: Path, fix: str) -> bytes | None:
+  """A table's bytes, None where there is no file; checked against the pin where it is the shipped table (a candidate
+  table named by its reader's environment variable is not)."""
+  if not path.is_file():
+    return None
+  data = path.read_bytes()
+  if path == shipped:
+    check(path, data, pin, src, fix)
+  return data
+
+
+def store(table_path: Path, data: bytes, shipped: Path, pin: str | None, src: Path) -> str | None:
+  """Write a table; the shipped one with its sha256 pinned in src. Returns the pin in force afterwards."""
+  if table_path == shipped:
+    return write(table_path, data, src)
+  write_atomic(table_path, data)
+  return pin
+
+
 def check(path: Path, data: bytes, pinned: str | None, src: Path, fix: str) -> None:
   """Raise a one-line UserError unless data hashes to the sha256 pinned in src."""
   if hashlib.sha256(data).hexdigest() != pinned:

@@ -34,7 +34,6 @@ from artifact.cpu_info import cpu_info
 from artifact.format import installed_versions
 from compile import pinned
 from selfdrive_glue.errors import UserError
-from selfdrive_glue.files import write_atomic
 
 TABLE = Path(__file__).with_name("search_table.json")
 # sha256 of the shipped table, kept in this source file on purpose: cached artifacts (offcar/demo.py) are keyed by the
@@ -52,11 +51,9 @@ TABLE_ENV = "MODELD_CPU_SEARCH_TABLE"   # a candidate table to compile with inst
 
 def load_table(path: Path | None = None) -> dict[str, Any]:
   path = path or Path(os.environ.get(TABLE_ENV) or TABLE)
-  if not path.is_file():
+  if (data := pinned.read(path, TABLE, TABLE_SHA256, Path(__file__),
+                          "re-record it (python -m compile.tuning.record record) or remove it")) is None:
     return {"format": FORMAT, "sets": []}
-  data = path.read_bytes()
-  if path == TABLE:
-    pinned.check(path, data, TABLE_SHA256, Path(__file__), "re-record it (python -m compile.tuning.record record) or remove it")
   table = json.loads(data)
   if table.get("format") != FORMAT:
     raise UserError(f"{path.name}: search table format {table.get('format')!r}, expected {FORMAT}; "
@@ -208,8 +205,4 @@ def write_table(table: dict[str, Any], table_path: Path = TABLE) -> None:
   """For the shipped table, also its sha256 here (in this file, and in this process: a second store in the same run reads
   the table back against it)."""
   global TABLE_SHA256
-  data = table_bytes(table)
-  if table_path == TABLE:
-    TABLE_SHA256 = pinned.write(table_path, data, Path(__file__))
-  else:
-    write_atomic(table_path, data)
+  TABLE_SHA256 = pinned.store(table_path, table_bytes(table), TABLE, TABLE_SHA256, Path(__file__))

@@ -72,11 +72,9 @@ def match_key(kind: str, camera: tuple[int, int], model_sha256: dict[str, str], 
 
 def load_table(path: Path | None = None) -> dict[str, Any]:
   path = path or Path(os.environ.get(TABLE_ENV) or TABLE)
-  if not path.is_file():
+  if (data := pinned.read(path, TABLE, TABLE_SHA256, Path(__file__),
+                          "record it again (python -m compile.tuning.qcom_tiles record) or restore it")) is None:
     return {"format": FORMAT, "sets": []}
-  data = path.read_bytes()
-  if path == TABLE:
-    pinned.check(path, data, TABLE_SHA256, Path(__file__), "record it again (python -m compile.tuning.qcom_tiles record) or restore it")
   try:
     table = json.loads(data)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -92,11 +90,7 @@ def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
   global TABLE_SHA256
   table = load_table(table_path)
   table["sets"] = [s for s in table["sets"] if s["match"] != recorded["match"]] + [recorded]
-  data = (json.dumps(table, indent=1, sort_keys=True) + "\n").encode()
-  if table_path == TABLE:
-    TABLE_SHA256 = pinned.write(table_path, data, Path(__file__))
-  else:
-    write_atomic(table_path, data)
+  TABLE_SHA256 = pinned.store(table_path, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode(), TABLE, TABLE_SHA256, Path(__file__))
 
 
 def calibration_launches(table: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
