@@ -83,9 +83,10 @@ def compile_artifact(kind: str | kinds.Kind, models: dict[str, str | Path], came
     log(f"[compile] loading the {kind.title} for {camera[0]}x{camera[1]} on {cap.capture_target} in {compute}")
     for info in infos.values():
       preflight.tinygrad_parse(info)
+    # before the build: a kernel the build runs (a weight moved to the device by a kernel) must compute its output too
+    cap.start_execution()
     prog = recipe.build(infos, nv, cap.dev_name, compute, use_layout, openpilot or kind.openpilot)
     report.timings["load"] = time.perf_counter() - t0
-    cap.start_execution()
     t = time.perf_counter()
     log(f"[compile] 1/3 tinygrad vs onnxruntime on the raw model{'s' if len(infos) > 1 else ''}")
     rng = np.random.default_rng(42)

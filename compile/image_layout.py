@@ -6,6 +6,13 @@ k x k blocks. The image layout pads C to a multiple of 4: the driver-monitoring 
 1440x960 frame) writes an image four times its data and fetches three padding channels of every texel in the
 convolution. Cut into blocks the input has 16 channels, a whole number of texels, and the convolution reads each texel
 once. Only the order of the k*k*C products of each output changes.
+
+elu_as_select: tinygrad writes Elu as relu(x) - alpha*relu(1 - exp(x)). Under images, where an Elu of an elementwise
+result (the DM's stem normalisation) feeds a depthwise convolution, its two uses of x keep that result in a buffer of its
+own: one more kernel, and an fp32 image (16 bytes a texel) written and read between them. Where(x > 0, x,
+alpha*(exp(x) - 1)) is the same value for every x (exp(x) - 1 is -(1 - exp(x)) exactly) and fuses into the kernel that
+writes the convolution's fp16 image. An Elu of a convolution is left alone: it runs in that convolution's kernel, whose
+register tile the shipped sets hold, and the select form there costs registers that the tile search then refuses.
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ def images() -> bool:
   return IMAGE.value > 0 and enabled()
 
 
-REWRITES = ("stems_space_to_depth",)
+REWRITES = ("stems_space_to_depth", "elu_as_select")
 
 
 def split_counts(counts: dict[str, int], tag: str) -> tuple[dict[str, int], dict[str, int]]:
@@ -47,17 +54,17 @@ def summary(counts: dict[str, int]) -> str:
   done = {k: n for k, n in counts.items() if n}
   if not done:
     return "the models' graphs as they are (nothing to rewrite)"
-  return "; ".join(f"{k.replace('_', ' ', 1)}: {n}" for k, n in done.items()) + " (1x1 over k x k blocks: no padded image channels)"
+  return "; ".join(f"{k.replace('_', ' ', 1)}: {n}" for k, n in done.items())
 
 
 def rewrite(src: Path, dst: Path) -> dict[str, int]:
-  """Write src with `space_to_depth_stems` applied into dst, where it rewrote anything; returns {"stems_space_to_depth": count}."""
+  """Write src with every rewrite of REWRITES applied into dst, where one rewrote anything; returns {rewrite: count}."""
   import onnx
   m = onnx.load(str(src))
-  count = space_to_depth_stems(m)
-  if count:
+  counts = {"stems_space_to_depth": space_to_depth_stems(m), "elu_as_select": elu_as_select(m)}
+  if any(counts.values()):
     onnx.save(m, str(dst))
-  return {"stems_space_to_depth": count}
+  return counts
 
 
 def _static_shape(vi) -> list[int] | None:
@@ -114,6 +121,55 @@ def space_to_depth_stems(m) -> int:
       if a.name in ("kernel_shape", "strides", "pads"):
         n.attribute.remove(a)
     n.attribute.extend([helper.make_attribute("kernel_shape", [1, 1]), helper.make_attribute("strides", [1, 1])])
+    count += 1
+  del g.node[:]
+  g.node.extend(nodes)
+  return count
+
+
+def elu_as_select(m) -> int:
+  """Rewrite in place each Elu of model m that computes an elementwise result for a depthwise convolution, as Where(x > 0,
+  x, alpha*(Exp(x) - 1)) (module docstring); returns how many."""
+  import numpy as np
+  import onnx
+  from onnx import helper, numpy_helper
+
+  g = m.graph
+  producer = {o: n for n in g.node for o in n.output}
+  depthwise = {i for n in g.node if n.op_type == "Conv"
+               and next((helper.get_attribute_value(a) for a in n.attribute if a.name == "group"), 1) > 1 for i in n.input[:1]}
+  chosen = [n for n in g.node if n.op_type == "Elu" and n.domain in ("", "ai.onnx") and n.output[0] in depthwise
+            and getattr(producer.get(n.input[0]), "op_type", None) not in ("Conv", None)]
+  if not chosen:
+    return 0
+  inferred = onnx.shape_inference.infer_shapes(m).graph
+  elem = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.value_info, *inferred.input]}
+  count, nodes = 0, []
+  consts: dict[tuple[float, type], str] = {}
+
+  def const(value: float, like: str) -> str:
+    dt = np.float16 if elem.get(like) == onnx.TensorProto.FLOAT16 else np.float32   # the operands' type, as ONNX requires
+    if (value, dt) not in consts:
+      consts[value, dt] = f"__elu_select_c{len(consts)}"
+      # shape (1,) as the models' own scalars: tinygrad copies a 0-d initializer with a kernel when the runner moves to the device
+      g.initializer.append(numpy_helper.from_array(np.array([value], dt), consts[value, dt]))
+    return consts[value, dt]
+
+  for n in g.node:
+    if not any(n is c for c in chosen):
+      nodes.append(n)
+      continue
+    alpha = next((helper.get_attribute_value(a) for a in n.attribute if a.name == "alpha"), 1.0)
+    x, y, base = n.input[0], n.output[0], n.name or n.output[0]
+    pos, e, em1 = f"{base}__sel_pos", f"{base}__sel_exp", f"{base}__sel_expm1"
+    nodes += [helper.make_node("Greater", [x, const(0.0, x)], [pos], name=f"{base}__sel_gt"),
+              helper.make_node("Exp", [x], [e], name=f"{base}__sel_exp"),
+              helper.make_node("Sub", [e, const(1.0, x)], [em1], name=f"{base}__sel_sub")]
+    if alpha != 1.0:
+      scaled = f"{base}__sel_scaled"
+      nodes.append(helper.make_node("Mul", [em1, const(float(alpha), x)], [scaled], name=f"{base}__sel_mul"))
+      em1 = scaled
+    nodes.append(helper.make_node("Where", [pos, x, em1], [y], name=f"{base}__sel_where"))
     count += 1
   del g.node[:]
   g.node.extend(nodes)

@@ -245,9 +245,10 @@ def test_qcom_dm_artifact_executes_on_the_emulated_a630_like_the_cpu(tmp_path, d
   art = verify_artifact(out, device="QCOM", process="dmonitoringmodeld")
   assert art.meta["flags"] == {"FLOAT16": 1, "NOLOCALS": 1, "JIT_BATCH_SIZE": 0, "OPENPILOT_HACKS": 1, "IMAGE": 2}, art.meta["flags"]
   assert art.meta["openpilot"] == "0.11" and art.meta["kernel_us"]
-  # the one-channel 4x4 stride-4 stem runs as a 1x1 convolution over 16-channel blocks (compile/image_layout.py); the
-  # outputs below are still the CPU artifact's, which runs the graph as it is
-  assert art.meta["image_layout"] == {"dmonitoring_stems_space_to_depth": 1}, art.meta["image_layout"]
+  # the one-channel 4x4 stride-4 stem runs as a 1x1 convolution over 16-channel blocks, and the two Elus of a normalisation
+  # that feed a grouped convolution as selects (compile/image_layout.py); the outputs below are still the CPU artifact's,
+  # which runs the graph as it is
+  assert art.meta["image_layout"] == {"dmonitoring_stems_space_to_depth": 1, "dmonitoring_elu_as_select": 2}, art.meta["image_layout"]
   assert art.meta["dm_warp"]["in_the_model_kernel"] is True   # the warp gathers inside the model's first kernel
   code = """
 import json, sys, numpy as np

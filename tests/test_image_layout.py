@@ -50,7 +50,7 @@ def test_window_equal_to_stride_over_partial_texels_becomes_a_pointwise_convolut
   rng = np.random.default_rng(0)
   src, dst = tmp_path / "m.onnx", tmp_path / "image_m.onnx"
   _model(src, rng)
-  assert image_layout.rewrite(src, dst) == {"stems_space_to_depth": 2}
+  assert image_layout.rewrite(src, dst) == {"stems_space_to_depth": 2, "elu_as_select": 0}
   convs = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute} for n in onnx.load(str(dst)).graph.node if n.op_type == "Conv"}
   assert convs["c3"]["kernel_shape"] == [1, 1] and convs["d1"]["kernel_shape"] == [1, 1]
   assert convs["c4"]["kernel_shape"] == [2, 2] and convs["p1"]["kernel_shape"] == [3, 3] and convs["odd"]["kernel_shape"] == [3, 3]
@@ -88,3 +88,72 @@ def test_the_switch(monkeypatch):
       images()
   monkeypatch.delenv(image_layout.ENV)
   assert not images()   # no images, nothing to rewrite for
+
+
+def _ln_elu_depthwise(path, dtype=TensorProto.FLOAT, alpha=1.0):
+  """x (1,16,32,136): a layer norm over the channels per pixel, Elu (alpha), a 3x3 stride-2 depthwise convolution, Elu of
+  the convolution (left alone by the rewrite)."""
+  rng = np.random.default_rng(1)
+  npt = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+  inits = [numpy_helper.from_array(rng.standard_normal((16, 1, 3, 3)).astype(npt), "dw_w"),
+           numpy_helper.from_array(rng.standard_normal(16).astype(npt), "dw_b"),
+           numpy_helper.from_array(np.array(1e-4, npt), "eps"),
+           numpy_helper.from_array(rng.standard_normal((16, 1, 1)).astype(npt), "gamma"),
+           numpy_helper.from_array(rng.standard_normal((16, 1, 1)).astype(npt), "beta")]
+  nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1]), helper.make_node("Sub", ["x", "m"], ["d"]),
+           helper.make_node("Mul", ["d", "d"], ["d2"]), helper.make_node("ReduceMean", ["d2"], ["v"], axes=[1]),
+           helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["s"]),
+           helper.make_node("Div", ["d", "s"], ["n"]), helper.make_node("Mul", ["n", "gamma"], ["ng"]),
+           helper.make_node("Add", ["ng", "beta"], ["nb"]), helper.make_node("Elu", ["nb"], ["e"], name="elu1", alpha=alpha),
+           helper.make_node("Conv", ["e", "dw_w", "dw_b"], ["c"], group=16, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+           helper.make_node("Elu", ["c"], ["y"])]
+  g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", dtype, [1, 16, 32, 136])],
+                        [helper.make_tensor_value_info("y", dtype, None)], inits)
+  m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+  m.ir_version = 8
+  onnx.save(m, str(path))
+  return {"x": (3 * rng.standard_normal((1, 16, 32, 136))).astype(npt)}
+
+
+def test_elu_as_a_select_is_the_same_values(tmp_path):
+  src, dst = tmp_path / "m.onnx", tmp_path / "image_m.onnx"
+  feeds = _ln_elu_depthwise(src, alpha=0.5)
+  feeds["x"][0, :, 0, :4] = [[-80.0, -0.0, 0.0, 60.0]]   # exp's underflow and overflow sides, both zeros
+  assert image_layout.rewrite(src, dst) == {"stems_space_to_depth": 0, "elu_as_select": 1}
+  assert [n.input[0] for n in onnx.load(str(dst)).graph.node if n.op_type == "Elu"] == ["c"]   # the convolution's Elu stays
+  want = ort.InferenceSession(str(src)).run(None, feeds)[0]
+  got = ort.InferenceSession(str(dst)).run(None, feeds)[0]
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  from tinygrad.nn.onnx import OnnxRunner
+  a, b = (OnnxRunner(str(p))(dict(feeds))["y"].numpy() for p in (src, dst))
+  np.testing.assert_array_equal(b, a)   # exp(x) - 1 == -(1 - exp(x)): tinygrad gives the same bits either way
+
+
+def test_elu_as_a_select_keeps_fp16_operands_fp16(tmp_path):
+  src, dst = tmp_path / "m.onnx", tmp_path / "image_m.onnx"
+  feeds = _ln_elu_depthwise(src, TensorProto.FLOAT16)
+  image_layout.rewrite(src, dst)
+  got = ort.InferenceSession(str(dst)).run(None, feeds)[0]   # onnxruntime refuses mixed fp16/fp32 operands
+  np.testing.assert_allclose(got.astype(np.float32), ort.InferenceSession(str(src)).run(None, feeds)[0].astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_elu_as_a_select_fuses_the_normalisation_into_the_image_write(tmp_path):
+  """Under images, the Elu before a depthwise convolution of padded rows costs a kernel and an fp32 buffer; the select
+  form does not (tinygrad's scheduler, run on the CPU device with the QCOM capture's image flags)."""
+  from tinygrad import Tensor
+  from tinygrad.helpers import Context, GlobalCounters
+  from tinygrad.nn.onnx import OnnxRunner
+  src, dst = tmp_path / "m.onnx", tmp_path / "image_m.onnx"
+  feeds = _ln_elu_depthwise(src)
+  image_layout.rewrite(src, dst)
+  kernels, outs = [], []
+  for p in (src, dst):
+    with Context(IMAGE=2, FLOAT16=1, NOLOCALS=1):
+      run = OnnxRunner(str(p))
+      x = Tensor(feeds["x"]).realize()
+      run({"x": x})["y"].realize()   # the weights' copies to the device happen once, here
+      GlobalCounters.reset()
+      outs.append(run({"x": x})["y"].realize().numpy())
+      kernels.append(GlobalCounters.kernel_count)
+  assert kernels[1] == kernels[0] - 1, kernels
+  np.testing.assert_array_equal(outs[1], outs[0])

@@ -12,8 +12,9 @@ its outputs are bit-exact with the heuristic kernel's on those inputs (the progr
 How a compile uses it: the compile captures QCOM under BEAM=1 with `Tiles.hooked()` standing in for tinygrad's
 beam_search (codegen/opt/search.py), so no kernel is ever timed at compile time: a kernel whose AST the shipped set holds
 gets the recorded opts; every other kernel gets tinygrad's heuristic, exactly what it gets without BEAM. A big image
-convolution missing from the set is counted as a miss and the compile report says so. Sets are keyed like the CPU's
-(tinygrad and tinymesa versions, kind, models, camera, capture flags): another model simply misses.
+convolution missing from the set is counted as a miss and the compile report says so. The recording also searches the
+big elementwise kernels over images (`is_elementwise_target`), where the heuristic's tile can spill registers. Sets are
+keyed like the CPU's (tinygrad and tinymesa versions, kind, models, camera, capture flags): another model simply misses.
 
 Recording (a compile under the hook in search mode, in a child process; tools for us, never a user's compile):
   .venv/bin/python -m compile.tuning.qcom_tiles record --kind driving --size tiny
@@ -42,7 +43,7 @@ from selfdrive_glue.files import write_atomic
 
 TABLE = Path(__file__).with_name("qcom_tiles_table.json")
 # sha256 of the shipped table (compile/pinned.py): calibrate-a630 runs the IR3 binaries it holds on a device
-TABLE_SHA256: str | None = "8f9916f5365bfebd8072846c964d3839765e72b22ef5f3fcc1a7f2c51712ce79"
+TABLE_SHA256: str | None = "7bbb343e6dd2309e2a08fcd49e15f349a67cba9dd0cbe219be818f9c9001a146"
 FORMAT = 1
 TABLE_ENV = "MODELD_QCOM_TILES_TABLE"    # a candidate table to compile with instead (A/B runs, tests)
 MODE_ENV = "MODELD_QCOM_TILES"           # auto (the shipped set where one matches) or off (tinygrad's heuristic everywhere)
@@ -50,6 +51,7 @@ RECORD_ENV = "MODELD_QCOM_TILES_RECORD"  # set by `record` for its child compile
 # a "big" image convolution: a reduce over images of at least this many multiply-adds (the full models' big convolutions
 # are 50-300 M; the tiny models' a few M, so a tiny recording passes a lower floor)
 MIN_MACS = 20_000_000
+ELEMENTWISE_SHARE = 128   # an elementwise kernel over images is big from min_macs / 128 outputs (156 K at the full size)
 TILE_OPS = ("UPCAST", "UNROLL")
 MAX_UP = 512   # the largest upcast x unroll product tried: twice tinygrad's own cap (larger ones take minutes to lower)
 COMPILE_TIMEOUT_S = 120   # a variant that takes longer to lower and compile is left out (recorded as such)
@@ -121,12 +123,22 @@ def macs_of(s) -> int:
 
 def is_target(s, min_macs: int) -> bool:
   """A big image convolution: a reduce over a buffer IMAGE turns into a texture (the test tinygrad's heuristic makes for
-  its image upcast), with at least min_macs multiply-adds."""
+  its image upcast), with at least min_macs multiply-adds. Only these count as misses where a set lacks them."""
+  return s.reduceop is not None and macs_of(s) >= min_macs and _on_images(s)
+
+
+def is_elementwise_target(s, min_macs: int) -> bool:
+  """A big elementwise kernel over images, searched too (never counted as a miss): its heuristic tile upcasts every
+  image axis, and with a long expression (a normalisation and an Elu) IR3 spills registers to private memory, which the
+  cost model prices as the memory traffic it is. Nothing is summed, yet a variant is still checked bit-exact: some
+  tiles tinygrad lowers over images write other bytes, or fault."""
+  return s.reduceop is None and math.prod(int(x) for x in s.full_shape) >= min_macs // ELEMENTWISE_SHARE and _on_images(s)
+
+
+def _on_images(s) -> bool:
   from tinygrad.codegen.late.coalesce import image_valid_dims
   from tinygrad.helpers import IMAGE
-  if not IMAGE or s.reduceop is None or macs_of(s) < min_macs:
-    return False
-  return any(image_valid_dims(b.src[0].dtype, b.src[0].max_numel(), s.ren.target.arch) for b in s.bufs)
+  return bool(IMAGE) and any(image_valid_dims(b.src[0].dtype, b.src[0].max_numel(), s.ren.target.arch) for b in s.bufs)
 
 
 def heuristic(s):
@@ -337,7 +349,8 @@ def _applied(s, rows: list[list[Any]]):
 
 class Tiles:
   """Stands in for tinygrad's beam_search during a QCOM capture: recorded opts for the kernels of the shipped set,
-  tinygrad's heuristic for every other kernel; in search mode (recording) it searches the big image convolutions."""
+  tinygrad's heuristic for every other kernel; in search mode (recording) it searches the big image convolutions and
+  the big elementwise kernels over images."""
 
   def __init__(self, recorded: dict[str, Any] | None, why: str, searcher: Searcher | None = None, min_macs: int = MIN_MACS):
     self.recorded, self.why, self.searcher = recorded, why, searcher
@@ -352,6 +365,10 @@ class Tiles:
     if (e := self.entries.get(key)) is not None:
       self.hits[key] = e["heuristic"]
       return _applied(s, e["opts"])
+    if self.searcher is not None and is_elementwise_target(s, self.min_macs):
+      if key not in self.searched:
+        self.searched[key] = self.searcher.search(s, rawbufs, var_vals)
+      return _applied(s, self.searched[key].best().opts)
     if not is_target(s, self.min_macs):
       return heuristic(s)
     if self.searcher is not None:
@@ -381,10 +398,10 @@ class Tiles:
 
   def summary(self) -> str:
     if self.searcher is not None:
-      return f"searched {len(self.searched)} big image convolutions (recording)"
+      return f"searched {len(self.searched)} big image kernels (recording)"
     if self.recorded is None:
       return f"tinygrad's heuristic opts ({self.why})"
-    line = f"{len(self.hits)} of the big image convolutions from the shipped set ({self.why})"
+    line = f"{len(self.hits)} of the big image kernels from the shipped set ({self.why})"
     if self.misses:
       line += f"; {len(self.misses)} not in it, on tinygrad's heuristic opts"
     return line
@@ -457,7 +474,7 @@ def record(kind: str, size: str, camera: tuple[int, int], seed: int = 0, openpil
                           "tex_rate and hide_waves"}
   store(recorded, table_path)
   changed = sum(e["name"] != e["heuristic"] for e in rows["entries"])
-  log(f"[tiles] {kind} {size}: {len(rows['entries'])} big image convolutions searched, {changed} on other tiles than the heuristic's")
+  log(f"[tiles] {kind} {size}: {len(rows['entries'])} big image kernels searched, {changed} on other tiles than the heuristic's")
   return recorded
 
 
