@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -162,9 +163,10 @@ def run_demo(opts: DemoOptions) -> dict:
   stats_file = opts.out / ".camera-stats.json"
   logs = {n: open(opts.out / f"{n}.log", "w") for n in ("camera", "modeld") + (("dmonitoringmodeld",) if opts.dm else ())}
   sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
-  # counted on sockets of their own: SubMaster's are conflated (openpilot's semantics) and read one message of each other
-  # service per modelV2, so one sent after that wake-up (a busy box) is skipped there, not lost
+  # read on sockets of their own: SubMaster's are conflated (openpilot's semantics), so on a busy box two messages of a
+  # service between two wake-ups are one there; SubMaster only wakes the loop on modelV2
   tally = {s: messaging.sub_sock(s, conflate=False) for s in ("drivingModelData", "cameraOdometry")}
+  model_sock = messaging.sub_sock("modelV2", conflate=False)
   dm_sock = messaging.sub_sock("driverStateV2", conflate=False) if opts.dm else None
   modeld = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(art), "--demo"], env=env,
                             stdout=logs["modeld"], stderr=subprocess.STDOUT)
@@ -180,6 +182,17 @@ def run_demo(opts: DemoOptions) -> dict:
   dm_preds: list[dm_accuracy.DMPrediction] = []
   counts = {"modelV2": 0, "drivingModelData": 0, "cameraOdometry": 0} | ({"driverStateV2": 0} if opts.dm else {})
 
+  def drain_model() -> Any:
+    """Every modelV2 since the last call, each counted and in the trace; the newest, or None."""
+    last = None
+    for dat in drain_sock_raw(model_sock):
+      evt = messaging.log_from_bytes(dat)
+      counts["modelV2"] += 1
+      _record(trace, evt.modelV2, time.monotonic() - t0, evt.valid)
+      bar.update(1)
+      last = evt.modelV2
+    return last
+
   def drain_dm() -> None:
     if dm_sock is not None:
       for dat in drain_sock_raw(dm_sock):
@@ -194,26 +207,19 @@ def run_demo(opts: DemoOptions) -> dict:
   try:
     while True:
       sm.update(100)
-      counts["modelV2"] += sm.updated["modelV2"]
       _tally(tally, counts)
       drain_dm()
-      if sm.updated["modelV2"]:
-        m = sm["modelV2"]
-        _record(trace, m, time.monotonic() - t0, sm.valid["modelV2"])
+      if (m := drain_model()) is not None:
         if rss_start is None:
           rss_start = rss_mb(modeld.pid)
         rss_end = rss_mb(modeld.pid) or rss_end
-        bar.update(1)
         bar.set_postfix_str(f"{m.modelExecutionTime * 1e3:.1f} ms/frame, drop {m.frameDropPerc:.1f}%")
       if camera.poll() is not None:
         # let the last frames drain through modeld
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
           sm.update(100)
-          if sm.updated["modelV2"]:
-            counts["modelV2"] += 1
-            _record(trace, sm["modelV2"], time.monotonic() - t0, sm.valid["modelV2"])
-            bar.update(1)
+          drain_model()
           drain_dm()
         _tally(tally, counts)
         drain_dm()
