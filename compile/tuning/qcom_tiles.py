@@ -43,7 +43,7 @@ from selfdrive_glue.files import write_atomic
 
 TABLE = Path(__file__).with_name("qcom_tiles_table.json")
 # sha256 of the shipped table (compile/pinned.py): calibrate-a630 runs the IR3 binaries it holds on a device
-TABLE_SHA256: str | None = "7bbb343e6dd2309e2a08fcd49e15f349a67cba9dd0cbe219be818f9c9001a146"
+TABLE_SHA256: str | None = "c8a6df4e0bf0eb94e87b3b0d2e2a068de694cf3faded54f0731981daffe62f86"
 FORMAT = 1
 TABLE_ENV = "MODELD_QCOM_TILES_TABLE"    # a candidate table to compile with instead (A/B runs, tests)
 MODE_ENV = "MODELD_QCOM_TILES"           # auto (the shipped set where one matches) or off (tinygrad's heuristic everywhere)
