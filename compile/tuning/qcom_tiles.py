@@ -96,13 +96,17 @@ def store(recorded: dict[str, Any], table_path: Path = TABLE) -> None:
 
 
 def calibration_launches(table: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
-  """For calibrate-a630: the compiled register-tile variants of every recorded kernel, keyed by the IR3 binary of each of
-  them (backend/a630_timing.lib_key), so a kernel of any artifact that is one of them finds its siblings."""
+  """For calibrate-a630: the compiled register-tile variants of every recorded convolution, keyed by the IR3 binary of each
+  of them (backend/a630_timing.lib_key), so a kernel of any artifact that is one of them finds its siblings. The
+  elementwise entries are left out: their tiles fetch the same texels, so they say nothing of the texture rate and the
+  occupancy the variants are there to fit (and the warps' kernels are the same binaries in every model size)."""
   from backend.a630_timing import lib_key
   table = load_table() if table is None else table
   out: dict[str, list[dict[str, Any]]] = {}
   for s in table["sets"]:
     for e in s["entries"]:
+      if not e["macs"]:
+        continue
       launches = [{**c, "lib_key": lib_key(bytes.fromhex(c["lib"]))} for c in e.get("calibration", []) if c.get("lib")]
       for c in launches:
         out[c["lib_key"]] = launches
