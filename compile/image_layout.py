@@ -8,7 +8,7 @@ convolution. Cut into blocks the input has 16 channels, a whole number of texels
 once. Only the order of the k*k*C products of each output changes.
 
 elu_as_select: tinygrad writes Elu as relu(x) - alpha*relu(1 - exp(x)). Under images, where an Elu of an elementwise
-result (the DM's stem normalisation) feeds a depthwise convolution, its two uses of x keep that result in a buffer of its
+result (the DM's stem normalisation) feeds a grouped convolution, its two uses of x keep that result in a buffer of its
 own: one more kernel, and an fp32 image (16 bytes a texel) written and read between them. Where(x > 0, x,
 alpha*(exp(x) - 1)) is the same value for every x (exp(x) - 1 is -(1 - exp(x)) exactly) and fuses into the kernel that
 writes the convolution's fp16 image. An Elu of a convolution is left alone: it runs in that convolution's kernel, whose
@@ -128,18 +128,18 @@ def space_to_depth_stems(m) -> int:
 
 
 def elu_as_select(m) -> int:
-  """Rewrite in place each Elu of model m that computes an elementwise result for a depthwise convolution, as Where(x > 0,
-  x, alpha*(Exp(x) - 1)) (module docstring); returns how many."""
+  """Rewrite in place each Elu of model m over an elementwise result that feeds a grouped convolution, as Where(x > 0, x,
+  alpha*(Exp(x) - 1)) (module docstring); returns how many."""
   import numpy as np
   import onnx
   from onnx import helper, numpy_helper
 
   g = m.graph
   producer = {o: n for n in g.node for o in n.output}
-  depthwise = {i for n in g.node if n.op_type == "Conv"
-               and next((helper.get_attribute_value(a) for a in n.attribute if a.name == "group"), 1) > 1 for i in n.input[:1]}
-  chosen = [n for n in g.node if n.op_type == "Elu" and n.domain in ("", "ai.onnx") and n.output[0] in depthwise
-            and getattr(producer.get(n.input[0]), "op_type", None) not in ("Conv", None)]
+  grouped = {i for n in g.node if n.op_type == "Conv"
+             and next((helper.get_attribute_value(a) for a in n.attribute if a.name == "group"), 1) > 1 for i in n.input[:1]}
+  chosen = {n.output[0] for n in g.node if n.op_type == "Elu" and n.domain in ("", "ai.onnx") and n.output[0] in grouped
+            and getattr(producer.get(n.input[0]), "op_type", None) not in ("Conv", None)}
   if not chosen:
     return 0
   inferred = onnx.shape_inference.infer_shapes(m).graph
@@ -156,7 +156,7 @@ def elu_as_select(m) -> int:
     return consts[value, dt]
 
   for n in g.node:
-    if not any(n is c for c in chosen):
+    if n.op_type != "Elu" or n.output[0] not in chosen:
       nodes.append(n)
       continue
     alpha = next((helper.get_attribute_value(a) for a in n.attribute if a.name == "alpha"), 1.0)
