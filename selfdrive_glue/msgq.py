@@ -316,6 +316,11 @@ class SubSocket:
       self._size_warned = True
     return False
 
+  def publisher(self) -> int:
+    """The uid of the endpoint's current publisher (0: none yet). A new publisher clears every reader slot, and a reader
+    re-registers at the newest message when it next looks, so what was sent in between is not read (msgq's semantics)."""
+    return int(self.q.h[_WRITE_UID])
+
   def ready(self) -> bool:
     if not self._usable():
       return False

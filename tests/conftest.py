@@ -256,7 +256,17 @@ class ModeldHarness:
     return model, (self.sm["cameraOdometry"] if model is not None else None)
 
   def start(self, n: int = 1, tries: int = 200):
-    """Calibrate and send frame n until modeld is up and answers (the first frames may reach nobody while it loads)."""
+    """Calibrate and send frame n until modeld is up and answers (the first frames may reach nobody while it loads).
+    Frames go out once modeld's modelV2 publisher exists and our reader has followed it: an answer sent before the reader
+    noticed the new publisher is never read, and modeld skips a resent frame of the capture it already paired, so that
+    one lost answer would be waited for in vain (a loaded CI box did)."""
+    import time
+    sock = self.sm.sock["modelV2"]
+    end = time.monotonic() + 0.3 * tries
+    while sock.publisher() == 0 and time.monotonic() < end:
+      assert self.proc.poll() is None, stop_process(self.proc)
+      time.sleep(0.05)
+    sock.ready()   # re-registers behind the new publisher now, before modeld has anything to send
     for _ in range(tries):
       for svc, dat in self._calibration:
         self.pm.send(svc, dat)
