@@ -38,9 +38,6 @@ def images() -> bool:
   return IMAGE.value > 0 and enabled()
 
 
-REWRITES = ("stems_space_to_depth", "elu_as_select")
-
-
 def split_counts(counts: dict[str, int], tag: str) -> tuple[dict[str, int], dict[str, int]]:
   """A model's rewrite counts as ({tag_<rewrite>: n} of the CPU layout's, the same of this module's)."""
   named = {k: (f"{tag}_{k}", n) for k, n in counts.items()}
@@ -61,7 +58,7 @@ def rewrite(src: Path, dst: Path) -> dict[str, int]:
   """Write src with every rewrite of REWRITES applied into dst, where one rewrote anything; returns {rewrite: count}."""
   import onnx
   m = onnx.load(str(src))
-  counts = {"stems_space_to_depth": space_to_depth_stems(m), "elu_as_select": elu_as_select(m)}
+  counts = {name: fn(m) for name, fn in REWRITES.items()}
   if any(counts.values()):
     onnx.save(m, str(dst))
   return counts
@@ -174,3 +171,7 @@ def elu_as_select(m) -> int:
   del g.node[:]
   g.node.extend(nodes)
   return count
+
+
+# every rewrite, in the order applied, by the name its count goes under in the report and the metadata
+REWRITES = {"stems_space_to_depth": space_to_depth_stems, "elu_as_select": elu_as_select}

@@ -162,11 +162,11 @@ def run_demo(opts: DemoOptions) -> dict:
   os.environ["OPENPILOT_PREFIX"] = prefix  # the listener in this process uses the same namespace
   stats_file = opts.out / ".camera-stats.json"
   logs = {n: open(opts.out / f"{n}.log", "w") for n in ("camera", "modeld") + (("dmonitoringmodeld",) if opts.dm else ())}
-  sm = messaging.SubMaster(["modelV2", "drivingModelData", "cameraOdometry"], poll="modelV2")
-  # read on sockets of their own: SubMaster's are conflated (openpilot's semantics), so on a busy box two messages of a
-  # service between two wake-ups are one there; SubMaster only wakes the loop on modelV2
+  # every message read, not conflated as SubMaster's sockets are (openpilot's semantics: on a busy box two messages of a
+  # service between two wake-ups are one there); the loop wakes on modelV2
+  poller = messaging.Poller()
+  model_sock = messaging.sub_sock("modelV2", poller=poller, conflate=False)
   tally = {s: messaging.sub_sock(s, conflate=False) for s in ("drivingModelData", "cameraOdometry")}
-  model_sock = messaging.sub_sock("modelV2", conflate=False)
   dm_sock = messaging.sub_sock("driverStateV2", conflate=False) if opts.dm else None
   modeld = subprocess.Popen([sys.executable, "-m", "modeld_msm.modeld", "--artifact", str(art), "--demo"], env=env,
                             stdout=logs["modeld"], stderr=subprocess.STDOUT)
@@ -206,7 +206,7 @@ def run_demo(opts: DemoOptions) -> dict:
   bar = tqdm(total=expected, unit="frame", desc="modelV2", dynamic_ncols=True, mininterval=0.2 if sys.stderr.isatty() else 5.0)
   try:
     while True:
-      sm.update(100)
+      poller.poll(100)
       _tally(tally, counts)
       drain_dm()
       if (m := drain_model()) is not None:
@@ -218,7 +218,7 @@ def run_demo(opts: DemoOptions) -> dict:
         # let the last frames drain through modeld
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
-          sm.update(100)
+          poller.poll(100)
           drain_model()
           drain_dm()
         _tally(tally, counts)

@@ -369,16 +369,13 @@ class Tiles:
     if (e := self.entries.get(key)) is not None:
       self.hits[key] = e["heuristic"]
       return _applied(s, e["opts"])
-    if self.searcher is not None and is_elementwise_target(s, self.min_macs):
+    convolution = is_target(s, self.min_macs)
+    if self.searcher is not None and (convolution or is_elementwise_target(s, self.min_macs)):
       if key not in self.searched:
         self.searched[key] = self.searcher.search(s, rawbufs, var_vals)
       return _applied(s, self.searched[key].best().opts)
-    if not is_target(s, self.min_macs):
+    if not convolution:
       return heuristic(s)
-    if self.searcher is not None:
-      if key not in self.searched:
-        self.searched[key] = self.searcher.search(s, rawbufs, var_vals)
-      return _applied(s, self.searched[key].best().opts)
     k = heuristic(s)
     self.misses[key] = ""
     return k
