@@ -259,7 +259,7 @@ class ModeldHarness:
     """Calibrate and send frame n until modeld is up and answers (the first frames may reach nobody while it loads).
     Frames go out once modeld's modelV2 publisher exists and our reader has followed it: an answer sent before the reader
     noticed the new publisher is never read, and modeld skips a resent frame of the capture it already paired, so that
-    one lost answer would be waited for in vain (a loaded CI box did)."""
+    one lost answer would be waited for in vain."""
     import time
     sock = self.sm.sock["modelV2"]
     end = time.monotonic() + 0.3 * tries
