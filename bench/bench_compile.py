@@ -76,8 +76,7 @@ def worker(models: Path, device: str, iters: int, precision: str, profile: bool 
   res: dict = {"device": device, "env": {k: os.environ[k] for k in ("BEAM", "NUM_CPU_THREADS") if k in os.environ}}
   out = Path(tempfile.mkdtemp(prefix="bench_compile_")) / "artifact"
   t = time.perf_counter()
-  models = {"vision": models / "driving_vision.onnx", "policy": models / "driving_policy.onnx"}
-  compile_artifact("driving", models, CAMERA, device, out, log=lambda *_: None,
+  compile_artifact("driving", {k: models / f"driving_{k}.onnx" for k in ("vision", "policy")}, CAMERA, device, out, log=lambda *_: None,
                    precision=precision)
   res["compile_s"] = time.perf_counter() - t
   meta = verify_artifact(out).meta
