@@ -133,7 +133,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
        openpilot="master", aliases=("master-2026-09",), action_head=True, renamed_services=True),
   Kind("dmonitoring", "driver-monitoring model (dmonitoringmodeld)", "dmonitoring_model.onnx", "dmonitoringmodeld", ("dmonitoring",),
        ("dmonitoring_model.onnx",), "--dmonitoring",
-       (Program(DM_PKL, "step", (IO("frame", FRAME, dtype="uint8"), IO("m_inv", HOST, (3, 3)), IO("calib", HOST, (1, 3))),
+       (Program(DM_PKL, "step", (IO("frame", FRAME, dtype="uint8"), IO("calib", HOST, (1, 3))),
                 (IO("outputs", "output", slices="dmonitoring"),)),),
        bundle_dir="dmonitoring", openpilot_choice=True, aliases=("dm", "driver-monitoring")),
 )}

@@ -51,7 +51,7 @@ from selfdrive_glue.files import write_atomic  # noqa: E402
 KGSL_MS = {"modeld": (24.5, 28.0), "dmonitoringmodeld": (13.0, 19.0)}
 # docs/a630-time.md "Every lever together" (bench_a630 --size full, 2026-12-07): a frame's estimate and dispatches per kind,
 # when no --a630-json
-DOC_FIGURES = {"driving": (19.86, 128), "supercombo": (21.26, 130), "stateful": (19.88, 127), "dmonitoring": (11.26, 72)}
+DOC_FIGURES = {"driving": (19.86, 128), "supercombo": (21.26, 130), "stateful": (19.88, 127), "dmonitoring": (10.98, 72)}
 PHASES = {"in phase": 0.0, "DM half a frame later": tl.MODEL_PERIOD_US / 2}
 MAX_SHARE = 0.15   # a spread dispatch is at most this share of its frame (the largest real ones: 5-8 %)
 

@@ -2,8 +2,8 @@
 driverStateV2 out. Like ModeldCore it never touches sockets or clocks of its own.
 
 As openpilot's: calib is rpyCalib of the newest liveCalibration (or extrinsicsCalibration, the newest master's name;
-zeros until the first), the warp matrix is the driver
-camera's (from the frame width), every frame is run (no frame skip), and driverStateV2 goes out with valid=True.
+zeros until the first), the warp matrix is the driver camera's (from the frame width; the artifact was built with it,
+checked at load), every frame is run (no frame skip), and driverStateV2 goes out with valid=True.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from artifact.format import VerifiedArtifact, verify_artifact
+from artifact.format import REBUILD_HINT, ArtifactError, VerifiedArtifact, verify_artifact
 from artifact.load import load_programs, read_output
 from modeld_msm.constants import SEND_RAW_PRED
 from modeld_msm.dm_outputs import fill_driver_state, parse_dm_outputs
@@ -31,7 +31,7 @@ log = logging.getLogger("dmonitoringmodeld")
 
 SUBSCRIBED = ("liveCalibration", "extrinsicsCalibration")   # 0.11's and the newest master's name for the calibration
 PUBLISHED = ("driverStateV2",)
-PROVIDED = {"frame", "m_inv", "calib"}   # what this process feeds a driver-monitoring program
+PROVIDED = {"frame", "calib"}   # what this process feeds a driver-monitoring program
 
 
 @dataclass
@@ -45,6 +45,17 @@ class DMStats:
   last_gpu_s: float = 0.0     # the program's run and read-back alone (driverStateV2.gpuExecutionTime), as openpilot times it
 
 
+def warp_matrix_of(artifact: VerifiedArtifact) -> np.ndarray:
+  """The warp matrix the artifact's program was built with, refused unless it is the one openpilot computes for the
+  artifact's camera (the program cannot take another)."""
+  want = dm_warp_matrix(artifact.camera[0])
+  got = np.asarray(artifact.meta.get("dm_warp", {}).get("matrix", np.full((3, 3), np.nan)), np.float32)
+  if got.shape != (3, 3) or not np.array_equal(got, want):
+    raise ArtifactError(f"artifact {artifact.path}: its DM warp matrix {got.tolist()} is not the {artifact.camera[0]}-wide driver "
+                        f"camera's {want.tolist()}; {REBUILD_HINT}")
+  return got
+
+
 class DMonitoringCore:
   def __init__(self, artifact: str | Path | VerifiedArtifact, clock: Callable[[], float] | None = None, device: str | None = None,
                camera: tuple[int, int] | None = None):
@@ -55,6 +66,7 @@ class DMonitoringCore:
     self.program.require(PROVIDED)
     from tinygrad import Device
     self.camera = self.artifact.camera
+    self.warp_matrix = warp_matrix_of(self.artifact)
     self.frames = FrameTensors(Device.DEFAULT, nv12_info(*self.camera))
     (out,) = spec["outputs"]
     self.slices = self.artifact.output_slices(out["slices"])
@@ -65,7 +77,6 @@ class DMonitoringCore:
 
   def reset(self) -> None:
     """Forget calibration and counters (the program keeps no state between frames): the next step is a first step."""
-    self.host["m_inv"][...] = dm_warp_matrix(self.camera[0])
     self.host["calib"][...] = 0
     self.stats = DMStats()
     self.inputs = InputCheck(log, self.stats)   # every number read from a message: checked, counted in stats.bad_inputs

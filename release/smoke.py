@@ -35,7 +35,7 @@ from modeld_msm.constants import DESIRE_LEN
 from modeld_msm.dm_core import DMonitoringCore
 from modeld_msm.model_state import ModelState
 from release.bundle import sha256_bytes
-from selfdrive_glue.camera import dm_warp_matrix, model_transforms, sensor_and_device
+from selfdrive_glue.camera import model_transforms, sensor_and_device
 from selfdrive_glue.errors import UserError
 from selfdrive_glue.road_render import RoadScene
 
@@ -92,15 +92,14 @@ def make_input(camera: str, frames: int = SMOKE_FRAMES, seed: int = SEED) -> Smo
 
 
 def make_dm_input(camera: str, frames: int = SMOKE_FRAMES, seed: int = SEED) -> SmokeInput:
-  """The driver-monitoring smoke input: 8 distinct rendered frames, per step one of them with a calib and a warp matrix."""
+  """The driver-monitoring smoke input: 8 distinct rendered frames, per step one of them with a calib (the warp matrix is the
+  camera's, built into the program)."""
   base = make_input(camera, 1, seed)
   rng = np.random.default_rng([seed, 1])
   n = frames
-  m_inv = np.repeat(dm_warp_matrix(int(camera.split("x")[0]))[None], n, 0)
-  m_inv[:, :2, 2] += rng.normal(0, 4, (n, 2)).astype(np.float32)
   step = np.arange(n)
   inputs: dict[str, np.ndarray] = {"pair": (step % DISTINCT_PAIRS).astype(np.int16), "which": ((step // DISTINCT_PAIRS) % 2).astype(np.int16),
-                                                          "calib": rng.normal(0, 0.05, (n, 3)).astype(np.float32), "m_inv": m_inv.astype(np.float32)}
+                                                          "calib": rng.normal(0, 0.05, (n, 3)).astype(np.float32)}
   return SmokeInput(base.pairs, inputs)
 
 
@@ -110,7 +109,7 @@ def replay(state, inp: SmokeInput) -> Iterator[tuple[int, np.ndarray | None]]:
   x = inp.inputs
   if isinstance(state, DMonitoringCore):
     for i in range(inp.frames):
-      state.host["calib"][0], state.host["m_inv"][...] = x["calib"][i], x["m_inv"][i]
+      state.host["calib"][0] = x["calib"][i]
       yield i, state.run(inp.pairs[int(x["pair"][i])][int(x["which"][i])])
     return
   for i in range(inp.frames):

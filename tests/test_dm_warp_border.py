@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from compile.programs.dm_warp import MASTER_BORDER, warp_y, warp_y_numpy
+from compile.programs.dm_warp import MASTER_BORDER, integer_crop, warp_y, warp_y_numpy
 from selfdrive_glue.camera import DM_INPUT_SIZE, dm_warp_matrix
 from selfdrive_glue.nv12 import nv12_info
 from tests.conftest import run_cli
@@ -28,8 +28,8 @@ def test_master_fills_outside_the_frame_0_11_clamps():
   frame = rng.integers(20, 255, NV.size, dtype=np.uint8)   # no pixel of the frame is 16
   m = _shifted()
   w, h = DM_INPUT_SIZE
-  clamp = warp_y(Tensor(frame), Tensor(m), NV, w, h).numpy()
-  fill = warp_y(Tensor(frame), Tensor(m), NV, w, h, border=MASTER_BORDER).numpy()
+  clamp = warp_y(Tensor(frame), m, NV, w, h).numpy()
+  fill = warp_y(Tensor(frame), m, NV, w, h, border=MASTER_BORDER).numpy()
   outside = fill == MASTER_BORDER
   assert 0.05 < outside.mean() < 0.9                                   # the shift put part of the image off the frame
   assert np.array_equal(fill[~outside], clamp[~outside])               # inside, the same pixels
@@ -60,10 +60,11 @@ def _ties_cases(border, size):
 
 
 @pytest.mark.parametrize("border", [None, MASTER_BORDER])
-def test_ties_round_half_to_even_at_both_edges(border):
-  """At the DM's size, so the kernels test_master_fills_outside_the_frame_0_11_clamps compiled serve (the matrix is an input)."""
+@pytest.mark.parametrize("form", ["constants", "memory"])
+def test_ties_round_half_to_even_at_both_edges(border, form):
+  """At the DM's size, on the CPU, the matrix built into the kernel or read from memory."""
   for name, frame, m, ref in _ties_cases(border, DM_INPUT_SIZE):
-    got = warp_y(Tensor(frame), Tensor(m), NV, *DM_INPUT_SIZE, border=border).numpy()
+    got = warp_y(Tensor(frame), m if form == "constants" else Tensor(m), NV, *DM_INPUT_SIZE, border=border).numpy()
     assert np.array_equal(got, ref), (name, int((got != ref).sum()))
 
 
@@ -77,7 +78,7 @@ def test_ties_on_the_emulated_a630(border):
   _emu()
   for name, frame, m, ref in _ties_cases(border, SMALL):
     with executing(), Context(**QCOM_FLAGS):
-      got = warp_y(Tensor(frame, device="QCOM"), Tensor(m, device="QCOM"), NV, *SMALL, border=border).numpy()
+      got = warp_y(Tensor(frame, device="QCOM"), m, NV, *SMALL, border=border).numpy()
     assert np.array_equal(got, ref), (name, int((got != ref).sum()))
 
 
@@ -86,7 +87,8 @@ def test_a_master_dm_artifact_records_its_warp(dm_model, tmp_path):
   r = run_cli("compile", "--model", dm_model, "--camera", "1344x760", "--device", "CPU", "--openpilot", "master", "-o", tmp_path / "a",
               timeout=900)
   assert r.returncode == 0, r.stderr[-2000:]
-  assert json.loads((tmp_path / "a" / "metadata.json").read_text())["dm_warp"] == {"outside_the_frame": "fill 16", "in_the_model_kernel": False}
+  assert json.loads((tmp_path / "a" / "metadata.json").read_text())["dm_warp"] == {
+    "outside_the_frame": "fill 16", "in_the_model_kernel": False, "matrix": dm_warp_matrix(1344).tolist(), "matrix_as": "memory"}
 
 
 @pytest.mark.parametrize("border", [None, MASTER_BORDER])
@@ -95,13 +97,66 @@ def test_the_warp_folded_into_the_models_first_kernel_changes_no_output(dm_model
   outputs are bit-identical to the program that realizes the warp first (built here on the CPU, where both run)."""
   from compile.onnx_model import load_model_info
   from compile.programs.dmonitoring_step import DMProgram
-  prog = DMProgram(load_model_info(dm_model, "dmonitoring"), NV, "CPU", border=border)
+  m = np.asarray(dm_warp_matrix(NV.width), np.float32) @ np.array([[1.01, 0.02, -9.5], [-0.01, 0.99, 7.25], [0, 0, 1]], np.float32)
+  prog = DMProgram(load_model_info(dm_model, "dmonitoring"), NV, "CPU", border=border, matrix=m)
   rng = np.random.default_rng(3)
   frame = rng.integers(0, 256, NV.size, dtype=np.uint8)
-  m = np.asarray(dm_warp_matrix(NV.width), np.float32) @ np.array([[1.01, 0.02, -9.5], [-0.01, 0.99, 7.25], [0, 0, 1]], np.float32)
   calib = np.array([[0.02, -0.01, 0.03]], np.float32)
   outs = {}
   for fold in (False, True):
     prog.fold_warp = fold
-    outs[fold] = prog.run(Tensor(frame), Tensor(m), Tensor(calib)).numpy()
+    outs[fold] = prog.run(Tensor(frame), Tensor(calib)).numpy()
   assert np.isfinite(outs[False]).all() and np.array_equal(outs[True], outs[False])
+
+
+TICI = nv12_info(1928, 1208)
+
+
+def test_the_1928_cameras_warp_is_a_crop_the_mici_s_is_not():
+  assert integer_crop(dm_warp_matrix(1928), TICI, *DM_INPUT_SIZE) == (244, 248)
+  assert integer_crop(dm_warp_matrix(1344), NV, *DM_INPUT_SIZE) is None                       # scale 0.75
+  shifted = dm_warp_matrix(1928).copy()
+  shifted[0, 2] = TICI.width - DM_INPUT_SIZE[0] + 1                                          # one column past the frame
+  assert integer_crop(shifted, TICI, *DM_INPUT_SIZE) is None
+  shifted[0, 2] = 10.5                                                                       # between pixels
+  assert integer_crop(shifted, TICI, *DM_INPUT_SIZE) is None
+  sheared = dm_warp_matrix(1928).copy()
+  sheared[0, 1] = 1e-3
+  assert integer_crop(sheared, TICI, *DM_INPUT_SIZE) is None
+
+
+@pytest.mark.parametrize("border", [None, MASTER_BORDER])
+def test_the_crop_reads_the_pixels_the_projective_warp_reads(border):
+  """The 1928x1208 cameras' DM warp as a crop gives numpy's projective warp, padding columns never read."""
+  rng = np.random.default_rng(4)
+  frame = rng.integers(0, 256, TICI.size, dtype=np.uint8)
+  m = dm_warp_matrix(TICI.width)
+  got = warp_y(Tensor(frame), m, TICI, *DM_INPUT_SIZE, border=border).numpy()
+  assert np.array_equal(got, warp_y_numpy(frame, m, TICI, *DM_INPUT_SIZE, border=border))
+
+
+@pytest.mark.xdist_group("qcom_artifact")
+def test_the_crop_on_the_emulated_a630():
+  from test_ir3 import QCOM_FLAGS, _emu, executing
+  from tinygrad.helpers import Context
+  _emu()
+  frame = np.random.default_rng(5).integers(0, 256, TICI.size, dtype=np.uint8)
+  m = dm_warp_matrix(TICI.width)
+  assert integer_crop(m, TICI, *SMALL) is not None
+  with executing(), Context(**QCOM_FLAGS):
+    got = warp_y(Tensor(frame, device="QCOM"), m, TICI, *SMALL).numpy()
+  assert np.array_equal(got, warp_y_numpy(frame, m, TICI, *SMALL))
+
+
+def test_a_dm_artifact_built_with_another_matrix_is_refused():
+  """The program cannot take another matrix, so the runtime refuses one built for a matrix its camera does not have."""
+  from pathlib import Path
+
+  from artifact.format import ArtifactError, VerifiedArtifact
+  from modeld_msm.dm_core import warp_matrix_of
+  meta = {"camera": {"width": 1928, "height": 1208}, "kind": "dmonitoring"}
+  good = VerifiedArtifact(Path("a"), {**meta, "dm_warp": {"matrix": dm_warp_matrix(1928).tolist()}}, {})
+  assert np.array_equal(warp_matrix_of(good), dm_warp_matrix(1928))
+  for bad in ({"dm_warp": {"matrix": dm_warp_matrix(1344).tolist()}}, {"dm_warp": {}}, {}):
+    with pytest.raises(ArtifactError, match="DM warp matrix .* is not the 1928-wide driver camera's"):
+      warp_matrix_of(VerifiedArtifact(Path("a"), {**meta, **bad}, {}))

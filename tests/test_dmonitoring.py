@@ -250,6 +250,7 @@ def test_qcom_dm_artifact_executes_on_the_emulated_a630_like_the_cpu(tmp_path, d
   # which runs the graph as it is
   assert art.meta["image_layout"] == {"dmonitoring_stems_space_to_depth": 1, "dmonitoring_elu_as_select": 2}, art.meta["image_layout"]
   assert art.meta["dm_warp"]["in_the_model_kernel"] is True   # the warp gathers inside the model's first kernel
+  assert art.meta["dm_warp"]["matrix_as"] == "crop"            # the 1928x1208 camera's matrix is a translation inside the frame
   code = """
 import json, sys, numpy as np
 from modeld_msm.dm_core import DMonitoringCore

@@ -57,9 +57,9 @@ def test_each_kind_has_its_compile_recipe():
 
 
 def test_a_signature_drift_is_refused():
-  def run(frame, calib, m_inv):   # m_inv and calib swapped against the DM spec
+  def run(calib, frame):   # frame and calib swapped against the DM spec
     pass
-  with pytest.raises(UserError, match=r"takes \(frame, calib, m_inv\), the kind's spec lists \(frame, m_inv, calib\)"):
+  with pytest.raises(UserError, match=r"takes \(calib, frame\), the kind's spec lists \(frame, calib\)"):
     check_signature(run, [io.name for io in kinds.KINDS["dmonitoring"].program("step").inputs], "the DM step")
 
 

@@ -5,6 +5,8 @@ KERNEL_SOURCES), which keys the shipped CPU search sets; the DM warp does not ch
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from tinygrad import Tensor, dtypes
 
@@ -38,20 +40,44 @@ def _row_split(out_w: int) -> tuple[int, int, int]:
   return out_w // (best[0] * best[1]), best[0], best[1]
 
 
-def warp_y(frame: Tensor, M: Tensor, info: NV12Info, out_w: int, out_h: int, border: int | None = None) -> Tensor:
+def integer_crop(M: np.ndarray, info: NV12Info, out_w: int, out_h: int) -> tuple[int, int] | None:
+  """(x0, y0) when M takes every output pixel (x, y) to the frame's (x + x0, y + y0), all inside the frame (the
+  1928x1208 cameras' DM matrix), else None."""
+  M = np.asarray(M, np.float32)
+  if not (M[0, 0] == M[1, 1] == M[2, 2] == 1 and M[0, 1] == M[1, 0] == M[2, 0] == M[2, 1] == 0):
+    return None
+  x0, y0 = float(M[0, 2]), float(M[1, 2])
+  if not (x0.is_integer() and y0.is_integer() and 0 <= x0 <= info.width - out_w and 0 <= y0 <= info.height - out_h):
+    return None
+  return int(x0), int(y0)
+
+
+def warp_y(frame: Tensor, M: np.ndarray | Tensor, info: NV12Info, out_w: int, out_h: int, border: int | None = None) -> Tensor:
   """The driver-monitoring warp: the Y plane only, nearest neighbour, -> (out_h * out_w,) uint8 row-major; a source
-  outside the frame reads the edge row/column (openpilot 0.11's DM warp, border None) or `border` (master's: 16). The row
-  index steps by the stride, so the padding columns are never read. The same float32 arithmetic as `warp_y_numpy`
-  (projective divide, round half to even, clamp); each source coordinate is divided and rounded once, and the border
-  test reads the rounded integers."""
+  outside the frame reads the edge row/column (openpilot 0.11's DM warp, border None) or `border` (master's: 16). The
+  same float32 arithmetic as `warp_y_numpy` (projective divide, round half to even, clamp); the row index steps by the
+  stride, so the padding columns are never read.
+
+  M as a Tensor is read from memory by every fiber, as openpilot's warp reads its M_inv. M as an array is fixed when the
+  program is built (openpilot computes it once from the camera's width, and an artifact is for one camera): an integer
+  translation inside the frame is then a crop of the Y plane, read with no index arithmetic, and any other matrix's
+  entries are constants of the kernel."""
+  if isinstance(M, np.ndarray):
+    if (crop := integer_crop(M, info, out_w, out_h)) is not None:
+      x0, y0 = crop
+      y_plane = frame[:info.stride * info.y_height].reshape(info.y_height, info.stride)
+      return y_plane[y0:y0 + out_h, x0:x0 + out_w].flatten()
+    m: Any = [[float(v) for v in row] for row in M.astype(np.float32)]
+  else:
+    m = [[M[i, j] for j in range(3)] for i in range(3)]
   n, b, c = _row_split(out_w)
   shape = (out_h, n, b, c)
   x = (Tensor.arange(n) * (b * c)).reshape(1, n, 1, 1) + (Tensor.arange(b) * c).reshape(1, 1, b, 1) + Tensor.arange(c).reshape(1, 1, 1, c)
   xs = x.expand(shape).cast(dtypes.float32)
   ys = Tensor.arange(out_h).reshape(out_h, 1, 1, 1).expand(shape).cast(dtypes.float32)
-  w = M[2, 0] * xs + M[2, 1] * ys + M[2, 2]
-  fx = (M[0, 0] * xs + M[0, 1] * ys + M[0, 2]) / w
-  fy = (M[1, 0] * xs + M[1, 1] * ys + M[1, 2]) / w
+  w = m[2][0] * xs + m[2][1] * ys + m[2][2]
+  fx = (m[0][0] * xs + m[0][1] * ys + m[0][2]) / w
+  fy = (m[1][0] * xs + m[1][1] * ys + m[1][2]) / w
   # clamped before rounding (the same integers as rounding first: clipping commutes with a monotonic rounding), so the
   # magic add stays in its range; with a border one unit wider, so a coordinate outside the frame stays outside
   lo = 0 if border is None else -1

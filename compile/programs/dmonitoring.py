@@ -14,7 +14,6 @@ from compile.onnx_model import OnnxModelInfo
 from compile.programs import one_model
 from compile.programs.dm_warp import MASTER_BORDER
 from compile.programs.dmonitoring_step import DMProgram
-from selfdrive_glue.camera import dm_warp_matrix
 from selfdrive_glue.nv12 import NV12Info
 
 STEPS = 6
@@ -58,17 +57,15 @@ class Recipe:
     return {"step": prog.jit()}
 
   def inputs(self, nv: NV12Info, device: str, seed: int) -> list[dict[str, Any]]:
-    """Frames rotating through 3 buffers, the camera's warp matrix jittered, calib varying."""
+    """Frames rotating through 3 buffers, calib varying."""
     rng = np.random.default_rng(seed)
     frames = [rng.integers(0, 256, nv.size, dtype=np.uint8) for _ in range(3)]
     tensors = [frame_tensor(f, device) for f in frames]
-    base = dm_warp_matrix(nv.width)
-    m_inv = [base + np.array([[0, 0, rng.normal(0, 8)], [0, 0, rng.normal(0, 8)], [0, 0, 0]], np.float32) for _ in range(STEPS)]
     calib = [rng.normal(0, 0.05, (1, 3)).astype(np.float32) for _ in range(STEPS)]
-    return StepInputs(({"frame": tensors[i % 3], "m_inv": m_inv[i], "calib": calib[i]} for i in range(STEPS)), frames)
+    return StepInputs(({"frame": tensors[i % 3], "calib": calib[i]} for i in range(STEPS)), frames)
 
   def jit_line(self, runs: int) -> str:
-    return f"warp + model outputs bit-exact over {STEPS} frames, rotating buffers, calib and warp varied"
+    return f"warp + model outputs bit-exact over {STEPS} frames, rotating buffers, calib varied"
 
   def reload_line(self) -> str:
     return f"DM JIT reloaded: outputs bit-exact over {STEPS} frames"
@@ -79,4 +76,4 @@ class Recipe:
   def meta(self, prog: DMProgram, use_layout: bool, layout_why: str, searched: dict[str, Any] | None, search_why: str | None) -> dict[str, Any]:
     return {"cpu_layout": {"on": use_layout, "why": layout_why, **prog.layout_rewrites}, "validation": {"steps": STEPS},
             "dm_warp": {"outside_the_frame": "edge" if prog.border is None else f"fill {prog.border}",
-                        "in_the_model_kernel": prog.fold_warp}}
+                        "in_the_model_kernel": prog.fold_warp, "matrix": prog.matrix.tolist(), "matrix_as": prog.warp_form()}}

@@ -43,7 +43,7 @@ from selfdrive_glue.files import write_atomic
 
 TABLE = Path(__file__).with_name("qcom_tiles_table.json")
 # sha256 of the shipped table (compile/pinned.py): calibrate-a630 runs the IR3 binaries it holds on a device
-TABLE_SHA256: str | None = "c8a6df4e0bf0eb94e87b3b0d2e2a068de694cf3faded54f0731981daffe62f86"
+TABLE_SHA256: str | None = "c317d6ad80ade6ec2ee50e9a187a855d88b5f3b89177d5b4d1a4e88c025b2050"
 FORMAT = 1
 TABLE_ENV = "MODELD_QCOM_TILES_TABLE"    # a candidate table to compile with instead (A/B runs, tests)
 MODE_ENV = "MODELD_QCOM_TILES"           # auto (the shipped set where one matches) or off (tinygrad's heuristic everywhere)
