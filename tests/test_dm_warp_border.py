@@ -1,5 +1,7 @@
 """The DM warp per openpilot release: 0.11 reads the frame's edge where the source is outside the frame, master fills 16
-(docs/openpilot-master-2026-09.md §5); a DM artifact records which, chosen by --openpilot."""
+(docs/openpilot-master-2026-09.md §5); a DM artifact records which, chosen by --openpilot. And its matrix, built into the
+program: read from memory as openpilot's warp reads it, as kernel constants, or (the 1928x1208 cameras) as a crop, all
+giving numpy's pixels."""
 from __future__ import annotations
 
 import json

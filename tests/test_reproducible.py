@@ -143,3 +143,18 @@ def test_compile_twice_gives_byte_identical_artifacts(cpu_artifact_1928, tiny_mo
   assert names == sorted(p.name for p in out.iterdir())
   for n in names:
     assert (out / n).read_bytes() == (cpu_artifact_1928 / n).read_bytes(), f"{n} differs between two compiles of the same inputs"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("qcom_artifact")
+def test_a_qcom_compile_twice_gives_byte_identical_artifacts(qcom_artifact, tiny_models, tmp_path, cli):
+  """The QCOM artifact (a630 machine code, its queues and graph as captured on the emulated node) of the same inputs is
+  the same bytes from another compile process, with another hash seed: a release build can be rebuilt and compared."""
+  out = tmp_path / "again"
+  r = cli("compile", "--vision", tiny_models / "driving_vision.onnx", "--policy", tiny_models / "driving_policy.onnx",
+          "--camera", "1928x1208", "--device", "QCOM", "-o", out, env={"PYTHONHASHSEED": "12345"})
+  assert r.returncode == 0, r.stderr[-2000:]
+  names = sorted(p.name for p in qcom_artifact.iterdir())
+  assert names == sorted(p.name for p in out.iterdir())
+  for n in names:
+    assert (out / n).read_bytes() == (qcom_artifact / n).read_bytes(), f"{n} differs between two QCOM compiles of the same inputs"
