@@ -14,7 +14,11 @@ beam_search (codegen/opt/search.py), so no kernel is ever timed at compile time:
 gets the recorded opts; every other kernel gets tinygrad's heuristic, exactly what it gets without BEAM. A big image
 convolution missing from the set is counted as a miss and the compile report says so. The recording also searches the
 big elementwise kernels over images (`is_elementwise_target`), where the heuristic's tile can spill registers. Sets are
-keyed like the CPU's (tinygrad and tinymesa versions, kind, models, camera, capture flags): another model simply misses.
+recorded for one kind's reference models, camera and flags, but a kernel is looked up by its AST in every set of the same
+tinygrad, tinymesa and capture flags: the AST names the kernel whole (shapes, dtypes, image layout, ops and constants;
+weights are buffers), so another camera (the 1344x760 one, whose model kernels are the same) or another model with the
+same layers gets the recorded tile, and only kernels no set holds keep the heuristic. The choice does not depend on the
+data: a tile is bit-exact with the heuristic because it sums in the same order.
 
 Recording (a compile under the hook in search mode, in a child process; tools for us, never a user's compile):
   .venv/bin/python -m compile.tuning.qcom_tiles record --kind driving --size tiny
@@ -402,7 +406,9 @@ class Tiles:
       return f"searched {len(self.searched)} big image kernels (recording)"
     if self.recorded is None:
       return f"tinygrad's heuristic opts ({self.why})"
-    line = f"{len(self.hits)} of the big image kernels from the shipped set ({self.why})"
+    if not self.hits:
+      return "tinygrad's heuristic opts (no shipped register-tile set holds these kernels)"
+    line = f"{len(self.hits)} of the big image kernels from the shipped sets ({self.why})"
     if self.misses:
       line += f"; {len(self.misses)} not in it, on tinygrad's heuristic opts"
     return line
@@ -432,12 +438,23 @@ def choose(device: str, kind: str, camera: tuple[int, int], model_sha256: dict[s
   if mode == "off":
     return Tiles(None, f"{MODE_ENV}=off")
   key = match_key(kind, camera, model_sha256, flags)
-  table = load_table()
-  exact = [s for s in table["sets"] if s["match"] == key]
-  if not exact:
-    return Tiles(None, "no shipped register-tile set for these models/camera/flags")
-  s = exact[0]
-  return Tiles(s, f"recorded {s['recorded']} for the {s['size']} {kind} models")
+  same_build = [s for s in load_table()["sets"] if all(s["match"][k] == key[k] for k in BUILD_KEYS)]
+  if not same_build:
+    return Tiles(None, "no shipped register-tile set for this tinygrad, tinymesa and these flags")
+  # the set recorded for this compile's own models wins where two sets hold one kernel (the same AST: the same tile either way)
+  same_build.sort(key=lambda s: s["match"] == key)
+  merged = {"entries": [e for s in same_build for e in s["entries"]], "min_macs": max(int(s["min_macs"]) for s in same_build)}
+  own = same_build[-1]
+  if own["match"] == key:
+    return Tiles(merged, f"recorded {own['recorded']} for the {own['size']} {kind} models")
+  return Tiles(merged, "kernels matched by AST in the sets recorded for " + ", ".join(sorted({_label(s) for s in same_build})))
+
+
+BUILD_KEYS = ("tinygrad", "tinymesa", "device", "flags")   # what a kernel's IR3 code follows from besides its AST
+
+
+def _label(s: dict[str, Any]) -> str:
+  return f"the {s['size']} {s['match']['kind']} models at {s['match']['camera'][0]}x{s['match']['camera'][1]}"
 
 
 # *** recording ***
