@@ -22,7 +22,7 @@ data: a tile is bit-exact with the heuristic because it sums in the same order.
 
 Recording (a compile under the hook in search mode, in a child process; tools for us, never a user's compile):
   .venv/bin/python -m compile.tuning.qcom_tiles record --kind driving --size tiny
-  .venv/bin/python -m compile.tuning.qcom_tiles record --kind dmonitoring --size full   # tens of minutes here
+  .venv/bin/python -m compile.tuning.qcom_tiles record --kind dmonitoring --size full [--openpilot master]   # minutes here
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from selfdrive_glue.files import write_atomic
 
 TABLE = Path(__file__).with_name("qcom_tiles_table.json")
 # sha256 of the shipped table (compile/pinned.py): calibrate-a630 runs the IR3 binaries it holds on a device
-TABLE_SHA256: str | None = "c317d6ad80ade6ec2ee50e9a187a855d88b5f3b89177d5b4d1a4e88c025b2050"
+TABLE_SHA256: str | None = "98e5f4e16927b046864e542d29b2c072514d0ad81cca62eb3018adadb08405e2"
 FORMAT = 1
 TABLE_ENV = "MODELD_QCOM_TILES_TABLE"    # a candidate table to compile with instead (A/B runs, tests)
 MODE_ENV = "MODELD_QCOM_TILES"           # auto (the shipped set where one matches) or off (tinygrad's heuristic everywhere)
@@ -505,11 +505,13 @@ def main() -> int:
   ap.add_argument("--kind", default="driving", choices=kinds.choices())
   ap.add_argument("--size", default="tiny")
   ap.add_argument("--camera", default="1928x1208")
+  ap.add_argument("--openpilot", choices=("0.11", "master"), default=None,
+                  help="the release whose capture flags to record under (a kind that serves both, as the DM; default: the kind's)")
   ap.add_argument("--keep", type=Path, help="write the recording compile's artifact here")
   ap.add_argument("--min-macs", type=int, default=None, help=f"smallest convolution searched (default {MIN_MACS}; tiny: 1/16 of it)")
   a = ap.parse_args()
   min_macs = a.min_macs if a.min_macs is not None else (MIN_MACS if a.size == "full" else MIN_MACS // 16)
-  record(a.kind, a.size, parse_camera(a.camera), min_macs=min_macs, keep=a.keep)
+  record(a.kind, a.size, parse_camera(a.camera), openpilot=a.openpilot, min_macs=min_macs, keep=a.keep)
   return 0
 
 
