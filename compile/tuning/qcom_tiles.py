@@ -17,8 +17,9 @@ big elementwise kernels over images (`is_elementwise_target`), where the heurist
 recorded for one kind's reference models, camera and flags, but a kernel is looked up by its AST in every set of the same
 tinygrad, tinymesa and capture flags: the AST names the kernel whole (shapes, dtypes, image layout, ops and constants;
 weights are buffers), so another camera (the 1344x760 one, whose model kernels are the same) or another model with the
-same layers gets the recorded tile, and only kernels no set holds keep the heuristic. The choice does not depend on the
-data: a tile is bit-exact with the heuristic because it sums in the same order.
+same layers gets the recorded tile, and only kernels no set holds keep the heuristic. A tile was checked bit-exact with
+the heuristic kernel on the recording's seeded inputs; with other weights the kernel is the same code, and the compile's
+own checks (onnxruntime, jit == unjitted, the pickle replayed) run with the tiles it took.
 
 Recording (a compile under the hook in search mode, in a child process; tools for us, never a user's compile):
   .venv/bin/python -m compile.tuning.qcom_tiles record --kind driving --size tiny
@@ -50,7 +51,7 @@ TABLE = Path(__file__).with_name("qcom_tiles_table.json")
 TABLE_SHA256: str | None = "98e5f4e16927b046864e542d29b2c072514d0ad81cca62eb3018adadb08405e2"
 FORMAT = 1
 TABLE_ENV = "MODELD_QCOM_TILES_TABLE"    # a candidate table to compile with instead (A/B runs, tests)
-MODE_ENV = "MODELD_QCOM_TILES"           # auto (the shipped set where one matches) or off (tinygrad's heuristic everywhere)
+MODE_ENV = "MODELD_QCOM_TILES"           # auto (the shipped sets' tile wherever one holds the kernel) or off (tinygrad's heuristic everywhere)
 RECORD_ENV = "MODELD_QCOM_TILES_RECORD"  # set by `record` for its child compile: search, and write what was found there
 # a "big" image convolution: a reduce over images of at least this many multiply-adds (the full models' big convolutions
 # are 50-300 M; the tiny models' a few M, so a tiny recording passes a lower floor)
@@ -410,7 +411,7 @@ class Tiles:
       return "tinygrad's heuristic opts (no shipped register-tile set holds these kernels)"
     line = f"{len(self.hits)} of the big image kernels from the shipped sets ({self.why})"
     if self.misses:
-      line += f"; {len(self.misses)} not in it, on tinygrad's heuristic opts"
+      line += f"; {len(self.misses)} not in them, on tinygrad's heuristic opts"
     return line
 
   def meta(self) -> dict[str, Any]:
@@ -443,9 +444,11 @@ def choose(device: str, kind: str, camera: tuple[int, int], model_sha256: dict[s
     return Tiles(None, "no shipped register-tile set for this tinygrad, tinymesa and these flags")
   # the set recorded for this compile's own models wins where two sets hold one kernel (the same AST: the same tile either way)
   same_build.sort(key=lambda s: s["match"] == key)
-  merged = {"entries": [e for s in same_build for e in s["entries"]], "min_macs": max(int(s["min_macs"]) for s in same_build)}
-  own = same_build[-1]
-  if own["match"] == key:
+  own = same_build[-1] if same_build[-1]["match"] == key else None
+  # a big convolution none holds is a miss from the size its own set searched down to, else from the largest any searched
+  min_macs = int(own["min_macs"]) if own else max(int(s["min_macs"]) for s in same_build)
+  merged = {"entries": [e for s in same_build for e in s["entries"]], "min_macs": min_macs}
+  if own:
     return Tiles(merged, f"recorded {own['recorded']} for the {own['size']} {kind} models")
   return Tiles(merged, "kernels matched by AST in the sets recorded for " + ", ".join(sorted({_label(s) for s in same_build})))
 
