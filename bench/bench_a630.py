@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The a630's time per frame of each model kind, summed over every dispatch, with what bounds each kernel and a band.
 
-  .venv/bin/python bench/bench_a630.py [--size tiny|full] [--work DIR] [--driving DIR] [--supercombo DIR] [--dmonitoring DIR]
-                                       [--top 10] [--json OUT] [--dispatches OUT]
+  .venv/bin/python bench/bench_a630.py [--size tiny|full] [--camera WxH] [--work DIR] [--driving DIR] [--supercombo DIR]
+                                       [--dmonitoring DIR] [--top 10] [--json OUT] [--dispatches OUT]
 
 Each QCOM artifact is loaded on the emulated render node, stepped once to bind its graphs, then stepped once more with
 execution on (emulator level B): every dispatch of that frame, in ring order, is costed by `backend.a630_cost` from the
@@ -73,6 +73,9 @@ FIT_PARAMS = ["tex_rate", "launch_us", "overlap"]   # what three whole-frame fig
 # our compile levers openpilot's own build lacks: the shipped register tiles and the image layout's graph rewrites (local
 # sizes stay ours: on a device tinygrad times its candidates, which the cost model's choice stands in for)
 BASELINE_ENV = {"MODELD_QCOM_TILES": "off", "MODELD_IMAGE_LAYOUT": "off"}
+# the calibrated programs are compiled for this camera, whatever --camera says: the figures' devices are not named, and
+# between camera sizes only the warps' kernels differ
+CALIBRATION_CAMERA = (1928, 1208)
 AIMS_MS = {"driving": 20.0, "supercombo": 26.0, "stateful": 26.0, "dmonitoring": 11.0}   # issue 43's, per frame
 
 
@@ -86,15 +89,16 @@ class Dispatched:
   written: frozenset = frozenset()
 
 
-def build(size: str, work: Path, wanted, baseline: bool = False) -> dict[str, Path]:
-  """The QCOM artifacts of `wanted` for the reference models of `size`, compiled into work (baseline: into
-  work/baseline, with BASELINE_ENV) unless already there."""
+def build(size: str, work: Path, wanted, baseline: bool = False, camera: tuple[int, int] = CALIBRATION_CAMERA) -> dict[str, Path]:
+  """The QCOM artifacts of `wanted` for the reference models of `size` and `camera`, compiled into work (baseline: into
+  work/baseline, with BASELINE_ENV; another camera: into work/<kind>-<W>x<H>) unless already there."""
   cli = [sys.executable, "-m", "cli.main"]
   m = work / "models"
   env, what = ({**os.environ, **BASELINE_ENV}, " baseline") if baseline else (None, "")
   out = {}
   for kind in wanted:
-    art = work / "baseline" / kind if baseline else work / kind
+    name = kind if camera == CALIBRATION_CAMERA else f"{kind}-{camera[0]}x{camera[1]}"
+    art = work / "baseline" / name if baseline else work / name
     if (art / "manifest.json").exists():
       print(f"using the {size}{what} {kind} artifact compiled before in {art}")
       out[kind] = art
@@ -104,8 +108,8 @@ def build(size: str, work: Path, wanted, baseline: bool = False) -> dict[str, Pa
     if not all((mk / f).exists() for f in k.model_files):
       subprocess.run([*cli, "models", "--kind", kind, "--size", size, "-o", str(mk)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     t = time.perf_counter()
-    r = subprocess.run([*cli, "compile", *compile_args(k, mk), "--device", "QCOM", "-o", str(art)], cwd=ROOT, capture_output=True,
-                       text=True, env=env)
+    r = subprocess.run([*cli, "compile", *compile_args(k, mk), "--camera", f"{camera[0]}x{camera[1]}", "--device", "QCOM", "-o", str(art)],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
     if r.returncode:
       raise SystemExit(f"compile of the {size}{what} {kind} model failed:\n{r.stdout}\n{r.stderr}")
     print(f"compiled the {size}{what} {kind} model for QCOM on EMU in {time.perf_counter() - t:.0f} s", flush=True)
@@ -154,6 +158,11 @@ def record_frame(step, jits: dict[str, object], device: str) -> list[Dispatched]
                 local[0] * local[1] * local[2], flops.get(d.shader_iova, 0.0), regs_of(d))
     out.append(Dispatched(w, part.get(d.shader_iova, "model"), local, groups, getattr(c, "read", frozenset()), getattr(c, "written", frozenset())))
   return out
+
+
+def camera_of(art: Path) -> tuple[int, int]:
+  c = json.loads((art / "metadata.json").read_text())["camera"]
+  return int(c["width"]), int(c["height"])
 
 
 def frame_of(kind: str, art: Path) -> list[Dispatched]:
@@ -275,12 +284,20 @@ def main() -> int:
   for k in KINDS:
     ap.add_argument(f"--{k}", type=Path, help=f"a QCOM {k} artifact (default: compile --size)")
   ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+  ap.add_argument("--camera", default="1928x1208", help="camera size the artifacts are compiled for (default 1928x1208; the comma "
+                  "four's is 1344x760); the calibration's stay at 1928x1208")
   ap.add_argument("--top", type=int, default=10, help="kernels listed per model (default 10)")
   ap.add_argument("--json", type=Path, help="write the per-model figures and the calibration here")
   ap.add_argument("--dispatches", type=Path, help="write every dispatch's estimate here")
   ap.add_argument("--calibrate-against", choices=("baseline", "artifacts"), default="baseline",
                   help="fit on the calibrated kinds compiled without our levers (default; one more compile each) or on the artifacts")
   args = ap.parse_args()
+  from selfdrive_glue.errors import UserError
+  from selfdrive_glue.nv12 import parse_camera
+  try:
+    camera = parse_camera(args.camera)
+  except UserError as e:
+    ap.error(str(e))
   print(f"machine: {machine()} (the estimates do not depend on it)")
   c = ac.DEFAULT
   print("constants: " + ", ".join(f"{k}={v:g}" for k, v in ac.constants_dict(c).items()) + f"; band over {', '.join(ac.UNSOURCED)}")
@@ -288,7 +305,8 @@ def main() -> int:
     work = args.work or Path(tmp)
     work.mkdir(parents=True, exist_ok=True)
     given = {k: getattr(args, k) for k in args.kinds if getattr(args, k)}
-    arts = {**build(args.size, work, [k for k in args.kinds if k not in given]), **given}
+    arts = {**build(args.size, work, [k for k in args.kinds if k not in given], camera=camera), **given}
+    print("cameras: " + ", ".join(f"{k} {w}x{h}" for k, (w, h) in ((k, camera_of(a)) for k, a in arts.items())))
     cal_kinds = [cal.kind for cal in CALIBRATION if cal.kind in args.kinds]
     base = build(args.size, work, cal_kinds, baseline=True) if args.calibrate_against == "baseline" else {}
     frames = {k: frame_of(k, arts[k]) for k in args.kinds}

@@ -68,3 +68,21 @@ def test_every_kind_at_tiny_size_adds_up(tmp_path):
   m = report["models"]
   assert m["supercombo"]["dispatches"] <= m["driving"]["dispatches"] + 8
   assert m["stateful"]["dispatches"] <= m["driving"]["dispatches"] + 8   # pruned the same way (states read per frame)
+
+
+@pytest.mark.slow
+def test_another_camera_is_compiled_for_and_the_calibration_is_not(tmp_path):
+  work = tmp_path / "work"
+  out, report, rows = _bench(tmp_path, "--kinds", "dmonitoring", "--camera", "1344x760", "--work", str(work))
+  _check(report, rows, ["dmonitoring"])
+  assert "cameras: dmonitoring 1344x760" in out, out[:800]
+  meta = json.loads((work / "dmonitoring-1344x760" / "metadata.json").read_text())
+  assert (meta["camera"]["width"], meta["camera"]["height"]) == (1344, 760)
+  base = json.loads((work / "baseline" / "dmonitoring" / "metadata.json").read_text())["camera"]
+  assert (base["width"], base["height"]) == (1928, 1208)   # the figures it is fitted to stay those of 1928x1208 programs
+
+
+def test_an_unknown_camera_is_one_line_and_exit_2(tmp_path):
+  r = subprocess.run([sys.executable, "bench/bench_a630.py", "--camera", "640x480", "--work", str(tmp_path / "w")], cwd=ROOT,
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and "unsupported camera size '640x480'" in r.stderr.splitlines()[-1] and not (tmp_path / "w").exists()
