@@ -9,7 +9,10 @@ the same code runs end to end and a fit of its output must find `emu_constants` 
 """
 from __future__ import annotations
 
+import collections
 import hashlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,3 +167,44 @@ def fit_kernels(times: list[KernelTime], params: list[str] | None = None, prior:
     raise ValueError("no kernel has both a time and its executed work")
   fitted = ac.fit(pts, params or list(ac.UNSOURCED), prior=prior)
   return fitted, [(p.source, p.measured_us, ac.frame_us(list(p.work), fitted)) for p in pts]
+
+
+def time_frames(frame: Callable[[int], Any], device: str, n: int, emu_constants: ac.Constants = ac.DEFAULT) -> tuple[list[float], list[bytes]]:
+  """Frames 0..n-1 as the process serves them (`frame(i)` uploads input i, runs the program's graphs in their chunked
+  submits and reads the outputs back), after one untimed frame 0 that binds the graphs. -> (each frame's ms, each
+  frame's outputs as bytes). On a device a frame's time is the host's wall clock around it, what modeld reports as its
+  model time. On the emulated node the frames are executed and a frame's time is the cost model's for the dispatches
+  it ran (under `emu_constants`), which the kernels timed alone must add up to."""
+  from tinygrad import Device
+  dev: Any = Device[device]
+  node = getattr(dev.iface, "node", None)
+  seen: list = []
+  if node is not None:
+    node.on_dispatch = seen.append
+    node.set_execute(True)
+  ms, outs = [], []
+  try:
+    frame(0)
+    for i in range(n):
+      seen.clear()
+      executed: collections.deque = collections.deque()
+      if node is not None:
+        kept, node.counts = node.counts, executed
+      t = time.perf_counter()
+      try:
+        out = frame(i)
+        dev.synchronize()
+      finally:
+        if node is not None:
+          node.counts = kept
+      ms.append((time.perf_counter() - t) * 1e3)
+      if node is not None:
+        if len(executed) != len(seen) or not seen:
+          raise RuntimeError(f"frame {i}: executed {len(executed)} of {len(seen)} dispatches")
+        ms[-1] = sum(ac.dispatch_us([work_of(name, c, d) for (name, c), d in zip(executed, seen)], emu_constants)) / 1e3
+      outs.append(bytes(memoryview(out).cast("B")))
+  finally:
+    if node is not None:
+      node.on_dispatch = None
+      node.set_execute(False)
+  return ms, outs

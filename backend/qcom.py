@@ -222,6 +222,7 @@ class MSMComputeQueue(up.QCOMComputeQueue):
         if in_flight:   # the wait after a reset (nothing in flight) costs nothing: keep the packet as upstream wrote it
           self._q[pos] = _NOP_HDR
           self.waits_dropped += 1
+          self.iface.stats["waits_dropped"] += 1
         in_flight.append(access)
 
   # *** BO tables ***

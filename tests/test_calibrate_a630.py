@@ -1,7 +1,12 @@
 """`modeld-msm calibrate-a630`: every kernel of a QCOM artifact timed alone and the cost model fitted, end to end on the
-emulated render node (its times are the model's under planted constants, so the fit must find them again), and the
-device's two-step path (times from the car, work counts and fit on a build machine)."""
+emulated render node (its times are the model's under planted constants, so the fit must find them again), whole frames
+with the waits for idle kept and with the independent ones dropped, and the device's two-step path (times from the car,
+work counts and fit on a build machine)."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,16 +52,57 @@ def test_emulated_run_times_every_kernel_and_the_fit_finds_the_planted_constants
   assert any(abs(ac.dispatch_us([ac.Work(k["kernel"], **k["work"])], shipped)[0] - k["measured_us"]) > 0.1 * k["measured_us"] for k in ks)
 
 
+def test_whole_frames_add_up_to_their_kernels_and_dropping_independent_waits_changes_no_output(planted_calib):
+  _, cal = planted_calib
+  f, base = cal["frames"], [k for k in cal["kernels"] if k["variant_of"] is None]
+  # a frame as served (its graphs, chunked submits) runs the launches that were timed alone, each once, with the same work
+  assert f["dispatches"] == len(base) and len(f["waits_kept"]["ms"]) == 2
+  assert f["kernels_alone_ms"] == pytest.approx(sum(k["measured_us"] for k in base) / 1e3, abs=2e-3)
+  assert all(ms == pytest.approx(f["kernels_alone_ms"], rel=1e-3) for ms in f["waits_kept"]["ms"])
+  assert f["model_ms"] == pytest.approx(f["kernels_alone_ms"], rel=0.02)   # the fit found the planted constants
+  b = f["independent_waits_dropped"]
+  assert 0 < b["waits_dropped"] < f["dispatches"] and b["identical_outputs"] and b["order_hazards"] == [] and b["safe"]
+
+
+PLANTED_RACE = """
+import sys
+from backend import qcom
+qcom.Access.conflicts = lambda self, other: False   # every dispatch taken as independent: the third reads unfinished work
+from cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_dropped_wait_a_dispatch_depends_on_is_reported_unsafe(qcom_artifact, tmp_path):
+  r = subprocess.run([sys.executable, "-c", PLANTED_RACE, "calibrate-a630", "--artifact", str(qcom_artifact), "-o", str(tmp_path / "c.json"),
+                      "--frames", "1"], capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]), timeout=600,
+                     env={**os.environ, **EMU})
+  assert r.returncode == 0, r.stdout + r.stderr
+  b = json.loads((tmp_path / "c.json").read_text())["frames"]["independent_waits_dropped"]
+  assert b["order_hazards"] and not b["safe"]
+  assert "race" in r.stdout and "leave MSM_INDEPENDENT_NO_WFI off" in r.stdout
+
+
 def test_times_from_a_device_are_fitted_on_the_build_machine(planted_calib, qcom_artifact, cli):
   d, cal = planted_calib
   # what a device writes: the times alone (no emulator on the car), here the planted model's times
-  device = {**cal, "kernels": [{**k, "work": None, "measured_us": k["measured_us"]} for k in cal["kernels"]], "constants": None}
+  # and frames as a device times them: by the host's clock, slower than their kernels alone
+  kept = [1.3 * cal["frames"]["kernels_alone_ms"], 1.2 * cal["frames"]["kernels_alone_ms"]]
+  frames = {k: v for k, v in cal["frames"].items() if k not in ("kernels_alone_ms", "model_ms")}
+  frames = {**frames, "clock": "host wall clock", "waits_kept": {"ms": kept},
+            "independent_waits_dropped": {"ms": [x - 0.1 for x in kept], "waits_dropped": 30, "identical_outputs": True, "safe": True}}
+  device = {**cal, "kernels": [{**k, "work": None, "measured_us": k["measured_us"]} for k in cal["kernels"]], "constants": None,
+            "frames": frames}
   (d / "device.json").write_text(json.dumps(device))
   r = cli("calibrate-a630", "--artifact", qcom_artifact, "--timings", d / "device.json", "-o", d / "fitted.json")
   assert r.returncode == 0, r.stdout + r.stderr
   fitted = json.loads((d / "fitted.json").read_text())
   assert [k["measured_us"] for k in fitted["kernels"]] == [k["measured_us"] for k in cal["kernels"]]
   assert fitted["constants"]["tex_rate"] == pytest.approx(PLANTED["tex_rate"], rel=0.03)
+  # the device's frames come back beside what its kernels alone add up to and the fitted model's frame
+  assert fitted["frames"]["waits_kept"]["ms"] == kept and fitted["frames"]["kernels_alone_ms"] == cal["frames"]["kernels_alone_ms"]
+  assert fitted["frames"]["model_ms"] == pytest.approx(cal["frames"]["kernels_alone_ms"], rel=0.02)
+  assert f"median {sum(kept) / 2:.2f} ms" in r.stdout and "dropped (30 of" in r.stdout and "-0.10" in r.stdout
   # a device file from another artifact is refused, in one line, with nothing written
   (d / "other.json").write_text(json.dumps({**device, "kernels": device["kernels"][:-1]}))
   r = cli("calibrate-a630", "--artifact", qcom_artifact, "--timings", d / "other.json", "-o", d / "no.json")
@@ -64,12 +110,17 @@ def test_times_from_a_device_are_fitted_on_the_build_machine(planted_calib, qcom
   assert not (d / "no.json").exists()
 
 
-@pytest.mark.parametrize("case", ["no artifact", "cpu artifact", "bad timings", "bad constants"])
+@pytest.mark.parametrize("case", ["no artifact", "cpu artifact", "bad timings", "bad frames", "bad constants"])
 def test_bad_input_is_one_line_and_exit_2(case, cli, tmp_path, cpu_artifact_1928, qcom_artifact):
   art = {"no artifact": tmp_path / "missing", "cpu artifact": cpu_artifact_1928}.get(case, qcom_artifact)
   extra = []
   if case == "bad timings":
     (tmp_path / "t.json").write_text('{"format": "something else"}')
+    extra = ["--timings", tmp_path / "t.json"]
+  if case == "bad frames":
+    kernels = [{"kernel": "k", "measured_us": 1.0}]
+    (tmp_path / "t.json").write_text(json.dumps({"format": "modeld-msm a630 calibration 1", "kernels": kernels,
+                                                 "frames": {"waits_kept": {"ms": [12.0, -1]}}}))
     extra = ["--timings", tmp_path / "t.json"]
   if case == "bad constants":
     (tmp_path / "c.json").write_text('{"tex_rte": 1}')
@@ -77,4 +128,5 @@ def test_bad_input_is_one_line_and_exit_2(case, cli, tmp_path, cpu_artifact_1928
   r = cli("calibrate-a630", "--artifact", art, "-o", tmp_path / "out.json", *extra, env=EMU)
   assert r.returncode == 2, r.stdout + r.stderr
   assert len(r.stderr.strip().splitlines()) == 1 and "error" in r.stderr
+  assert case != "bad frames" or "'frames' needs each leg's frame times" in r.stderr
   assert not (tmp_path / "out.json").exists()
