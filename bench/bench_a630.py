@@ -18,7 +18,8 @@ as they are. So by default (--calibrate-against baseline) the calibrated kinds a
 levers that openpilot lacks switched off (BASELINE_ENV), the fit is made on those, and the fitted constants then price
 our artifacts: the aims are judged there. --calibrate-against artifacts fits on the artifacts themselves (no extra
 compiles; biased low by every lever they carry).
---json OUT: {"models": {kind: {"ms", "band_ms", "dispatches"}}, "calibration": [{"source", "measured_ms", "estimated_ms"}]}.
+--json OUT: {"models": {kind: {"ms", "band_ms", "dispatches", "dispatch_us"}}, "calibration": [{"source", "measured_ms", "estimated_ms"}]}
+(dispatch_us: each dispatch of the frame in ring order, what bench/bench_gpu_shared.py plays).
 --dispatches OUT: every dispatch's kind, kernel, estimate (us) and bound, for checking the sums.
 """
 from __future__ import annotations
@@ -317,7 +318,8 @@ def main() -> int:
     work_list = [d.work for d in frame]
     us = ac.dispatch_us(work_list, c)
     lo, hi = ac.band_us(work_list, c)
-    models[kind] = {"ms": round(sum(us) / 1e3, 4), "band_ms": [round(lo / 1e3, 4), round(hi / 1e3, 4)], "dispatches": len(frame)}
+    models[kind] = {"ms": round(sum(us) / 1e3, 4), "band_ms": [round(lo / 1e3, 4), round(hi / 1e3, 4)], "dispatches": len(frame),
+                    "dispatch_us": [round(t, 3) for t in us]}
     rows += [{"kind": kind, "kernel": d.work.name, "part": d.part, "us": t, "bound": b} for d, t, b in zip(frame, us, ac.bounds(work_list, c))]
   cals = calibration_points(base_frames or frames, args.size)
   calibration = [{"source": cal.source, "measured_ms": cal.measured_ms, "estimated_ms": round(ac.frame_us(list(p.work), c) / 1e3, 4)}

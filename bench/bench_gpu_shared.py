@@ -6,9 +6,10 @@ ring without preemption (mainline msm). Each model process has its own submitque
                                              [--artifact QCOM_DRIVING --dm-artifact QCOM_DM | --size full|tiny [--work DIR]]
                                              [--compositor-ms 5] [--ui-hz 60 20] [--dm-offset-ms 0 25] [--seconds 20] [--phases 10] [--plot OUT.png]
 
-Each model's frame is a list of dispatch times on the a630. By default they follow the a630 time model's per-frame
-estimates: `--a630-json` is what `bench/bench_a630.py --json` wrote ({"models": {"<kind>": {"ms", "dispatches"}}}),
-else the figures of docs/a630-time.md; a frame of N dispatches and M ms is spread over its dispatches by a seeded
+Each model's frame is a list of dispatch times on the a630. By default they follow the a630 time model's estimates:
+`--a630-json` is what `bench/bench_a630.py --json` wrote ({"models": {"<kind>": {"ms", "dispatches", "dispatch_us"}}}),
+whose `dispatch_us` is the executed frame's every dispatch in ring order, played as it is; without it (the figures of
+docs/a630-time.md, or an older file) a frame of N dispatches and M ms is spread over its dispatches by a seeded
 log-normal draw (a few long convolutions, many short kernels), so the table follows the estimates as levers land.
 With --artifact/--dm-artifact (or --size, which compiles the reference models first; full: several minutes) the
 dispatches are the real programs' instead: stepped on the emulated render node and costed by the artifact's `kernel_us`.
@@ -113,7 +114,18 @@ def spread(total_ms: float, dispatches: int, seed: int) -> list[float]:
   return [total_ms * 1e3 * x / total for x in w]
 
 
+def _dispatches(model: dict, ms: float, n: int) -> list[float] | None:
+  """bench_a630's frame in ring order (`dispatch_us`), if the file has it for all n dispatches: -> us, scaled to ms."""
+  us = model.get("dispatch_us")
+  if not (isinstance(us, list) and len(us) == n and all(isinstance(x, (int, float)) and x > 0 for x in us)):
+    return None
+  return [x * ms * 1e3 / sum(us) for x in us]
+
+
 def from_estimates(a630_json: Path | None, modeld_kind: str, frame_ms: list[float] | None = None) -> tuple[dict[str, list[float]], str]:
+  """Each model's frame as dispatch times (us): bench_a630's executed dispatches where its --json has them, else its (or the
+  docs') per-frame figure spread over the dispatch count; `frame_ms` scales both frames to other totals."""
+  models: dict = {}
   if a630_json is not None:
     try:
       models = json.loads(a630_json.read_text())["models"]
@@ -133,7 +145,12 @@ def from_estimates(a630_json: Path | None, modeld_kind: str, frame_ms: list[floa
   for k, (ms, n) in figs.items():
     if not (ms > 0 and n > 0):
       raise SystemExit(f"{src}: {k} has {ms} ms over {n} dispatches; both must be > 0")
-  return {"modeld": spread(*figs[modeld_kind], seed=1), "dmonitoringmodeld": spread(*figs["dmonitoring"], seed=2)}, src
+  out, how = {}, []
+  for name, kind, seed in (("modeld", modeld_kind, 1), ("dmonitoringmodeld", "dmonitoring", 2)):
+    played = _dispatches(models.get(kind, {}), *figs[kind])
+    how.append(f"{kind}'s executed dispatches" if played else f"{kind} spread")
+    out[name] = played or spread(*figs[kind], seed=seed)
+  return out, f"{src}; {', '.join(how)}"
 
 
 def policies(progs: dict[str, list[float]]) -> list[tuple[str, dict[str, tl.Policy], dict]]:

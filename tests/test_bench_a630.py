@@ -21,8 +21,9 @@ def _bench(tmp_path, *args):
 def _check(report, rows, kinds):
   assert set(report) == {"models", "calibration"} and set(report["models"]) == set(kinds)
   for kind, m in report["models"].items():
-    assert set(m) == {"ms", "band_ms", "dispatches"}
+    assert set(m) == {"ms", "band_ms", "dispatches", "dispatch_us"}
     mine = [r for r in rows if r["kind"] == kind]
+    assert m["dispatch_us"] == pytest.approx([r["us"] for r in mine], abs=1e-3)   # the frame in ring order, for bench_gpu_shared
     # the frame is every dispatch summed, repeats included (not one value per distinct kernel name)
     assert m["dispatches"] == len(mine) > 0
     assert m["ms"] == pytest.approx(sum(r["us"] for r in mine) / 1e3, abs=1e-3)

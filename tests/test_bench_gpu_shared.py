@@ -36,3 +36,18 @@ def test_a_file_that_is_not_bench_a630s_json_is_one_line(tmp_path):
   r = bench("--a630-json", bad, "--json", tmp_path / "rows.json")
   assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "bench_a630" in r.stderr
   assert not (tmp_path / "rows.json").exists()
+
+
+def test_bench_a630s_executed_dispatches_are_played_as_they_are(tmp_path):
+  est = tmp_path / "a630.json"
+  frame = [3000.0] + [225.0] * 40   # 12 ms: one long convolution, then short kernels, in ring order
+  est.write_text(json.dumps({"models": {"driving": {"ms": 12.0, "dispatches": 41, "dispatch_us": frame},
+                                        # a list that is not this frame's (19 of 20 dispatches): spread as before
+                                        "dmonitoring": {"ms": 6.0, "dispatches": 20, "dispatch_us": [300.0] * 19}}}))
+  r = bench("--a630-json", est)
+  assert r.returncode == 0, r.stderr
+  assert "driving's executed dispatches, dmonitoring spread" in r.stdout
+  assert "modeld: 41 dispatches, 12.00 ms of a630 time per frame (largest 3.00 ms)" in r.stdout
+  # the what-if frame times scale the same sequence
+  r = bench("--a630-json", est, "--frame-ms", "6", "3")
+  assert r.returncode == 0 and "modeld: 41 dispatches, 6.00 ms of a630 time per frame (largest 1.50 ms)" in r.stdout, r.stdout + r.stderr

@@ -116,10 +116,11 @@ def _frames(art, device: str, n: int, emu_c, dispatches: int) -> dict:
   if stats is None:
     out["independent_waits_dropped"] = {"skipped": f"{type(dev.iface).__name__} keeps tinygrad's queue: the lever is the MSM interface's"}
     return out
-  dropped, hazards = stats["waits_dropped"], len(node.stats.order_hazards) if node is not None else 0
+  hazards = len(node.stats.order_hazards) if node is not None else 0
   os.environ[NO_WFI_ENV] = "1"   # read when a graph's queue is made: a second load of the artifact gets its own
   try:
     step_b, _ = _step(art)
+    dropped = stats["waits_dropped"]   # from here: the graphs a frame runs (the load binds the warp-only one of dropped frames)
     ms, outs = time_frames(step_b, device, n, emu_c)
   finally:
     os.environ[NO_WFI_ENV] = "0"
