@@ -21,7 +21,8 @@ PLANTED = {"tex_rate": 9.0e9, "launch_us": 11.0, "dram_eff": 0.7, "issue_eff": 0
 def planted_calib(qcom_artifact, cli, tmp_path_factory):
   d = tmp_path_factory.mktemp("calib")
   (d / "planted.json").write_text(json.dumps(PLANTED))
-  r = cli("calibrate-a630", "--artifact", qcom_artifact, "-o", d / "calib.json", "--emu-constants", d / "planted.json", env=EMU)
+  r = cli("calibrate-a630", "--artifact", qcom_artifact, "-o", d / "calib.json", "--emu-constants", d / "planted.json",
+          "--plot", d / "calib.png", env=EMU)
   assert r.returncode == 0, r.stdout + r.stderr
   assert "gpu fault" not in r.stdout + r.stderr   # every tile variant binds its buffers as the kernel it stands in for
   return d, json.loads((d / "calib.json").read_text())
@@ -64,6 +65,17 @@ def test_whole_frames_add_up_to_their_kernels_and_dropping_independent_waits_cha
   assert 0 < b["waits_dropped"] < f["dispatches"] and b["identical_outputs"] and b["order_hazards"] == [] and b["safe"]
 
 
+def test_the_fit_and_the_frames_are_drawn(planted_calib):
+  import matplotlib.image
+  d, cal = planted_calib
+  # one panel of each launch's measured against fitted time (the residuals name their launch and whether it is a variant),
+  # one of the frames
+  assert [r["index"] for r in cal["residuals"]] == [k["index"] for k in cal["kernels"]]
+  assert [r["variant_of"] for r in cal["residuals"]] == [k["variant_of"] for k in cal["kernels"]]
+  img = matplotlib.image.imread(d / "calib.png")
+  assert img.shape[1] == 960 and img.shape[0] == 440 and img.std() > 0.05
+
+
 PLANTED_RACE = """
 import sys
 from backend import qcom
@@ -94,8 +106,9 @@ def test_times_from_a_device_are_fitted_on_the_build_machine(planted_calib, qcom
   device = {**cal, "kernels": [{**k, "work": None, "measured_us": k["measured_us"]} for k in cal["kernels"]], "constants": None,
             "frames": frames}
   (d / "device.json").write_text(json.dumps(device))
-  r = cli("calibrate-a630", "--artifact", qcom_artifact, "--timings", d / "device.json", "-o", d / "fitted.json")
+  r = cli("calibrate-a630", "--artifact", qcom_artifact, "--timings", d / "device.json", "-o", d / "fitted.json", "--plot", d / "fitted.png")
   assert r.returncode == 0, r.stdout + r.stderr
+  assert (d / "fitted.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"   # the device's times drawn on the build machine
   fitted = json.loads((d / "fitted.json").read_text())
   assert [k["measured_us"] for k in fitted["kernels"]] == [k["measured_us"] for k in cal["kernels"]]
   assert fitted["constants"]["tex_rate"] == pytest.approx(PLANTED["tex_rate"], rel=0.03)

@@ -27,6 +27,7 @@ def add_arguments(p) -> None:
   p.add_argument("--repeat", type=integer(1), default=5, help="runs per kernel on a device; the fastest counts (default 5)")
   p.add_argument("--timings", help="a calibration written on a device: fit its times here (needs the emulated render node)")
   p.add_argument("--emu-constants", help="on the emulated node: JSON of cost-model constants its timings follow (default: the shipped ones)")
+  p.add_argument("--plot", help="draw the fit and the frames into this PNG (where the fit is: the emulated node or --timings; matplotlib)")
   p.add_argument("--frames", type=integer(0), help="whole frames timed as served, with the waits for idle kept and with the "
                  f"independent ones dropped (default {DEVICE_FRAMES} on a device, {EMU_FRAMES} on the emulated node; 0: none)")
 
@@ -156,6 +157,11 @@ def _frames_lines(f: dict, kernels_ms: float, model_ms: float | None) -> list[st
 def run(args) -> int:
   from backend import a630_cost as ac
   from backend.qcom import NO_WFI_ENV
+  if args.plot:
+    try:
+      import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+      raise UserError("--plot needs matplotlib (pip install -e .[replay])") from None
   device = _device_timings(args.timings) if args.timings else None
   device_rows = device["kernels"] if device is not None else None
   os.environ[NO_WFI_ENV] = "0"   # the artifact as modeld runs it by default; _frames loads it again with the lever on
@@ -212,7 +218,9 @@ def run(args) -> int:
   if all(t.work is not None for t in times):
     fitted, res = fit_kernels(times)
     out["constants"] = ac.constants_dict(fitted)
-    out["residuals"] = [{"kernel": k, "measured_us": round(m, 3), "fitted_us": round(f, 3)} for k, m, f in res]
+    # every launch has its work and a time > 0 here, so the residuals are the launches' own, in order
+    out["residuals"] = [{"index": t.index, "kernel": k, "measured_us": round(m, 3), "fitted_us": round(f, 3), "variant_of": t.variant_of}
+                        for t, (k, m, f) in zip(times, res, strict=True)]
     worst = max(abs(f - m) / m for _, m, f in res)
     model_ms = ac.frame_us([t.work for t in base if t.work is not None], fitted) / 1e3
     print(f"{len(times)} kernel launches timed; fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in out["constants"].items()))
@@ -228,4 +236,10 @@ def run(args) -> int:
       print(line)
   from selfdrive_glue.files import write_atomic
   write_atomic(args.output, json.dumps(out, indent=1))
+  if args.plot and out["residuals"]:
+    from offcar.calib_plot import plot_calibration
+    plot_calibration(out, Path(args.plot))
+    print(f"plot: {args.plot}")
+  elif args.plot:
+    print(f"no fit here, so no plot: fit {args.output} with --timings on a build machine and --plot there")
   return 0
