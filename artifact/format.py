@@ -288,12 +288,18 @@ def _bundle_artifacts(path: Path) -> list[Path]:
   return sorted(p for p in path.iterdir() if (p / MANIFEST).exists()) if path.is_dir() else []
 
 
-def sign_tree(path: str | Path, key: Path) -> list[tuple[Path, str]]:
-  """Sign an artifact, or each artifact of a bundle, after verifying it (a tampered artifact is never signed)."""
+def artifact_dirs(path: str | Path) -> list[Path]:
+  """[path] for an artifact; each artifact of a release bundle (the driving ones at its root, then each kind's folder)."""
   path = Path(path)
   arts = [path] if (path / MANIFEST).exists() else [a for d in kinds.bundle_dirs() for a in _bundle_artifacts(path / d)]
   if not arts:
     raise ArtifactError(f"{path} is neither an artifact nor a bundle of artifacts; pass what `modeld-msm compile` or the release build wrote")
+  return arts
+
+
+def sign_tree(path: str | Path, key: Path) -> list[tuple[Path, str]]:
+  """Sign an artifact, or each artifact of a bundle, after verifying it (a tampered artifact is never signed)."""
+  arts = artifact_dirs(path)
   for a in arts:
     verify_artifact(a, pubkey="")  # integrity and versions; "" ignores $MODELD_PUBKEY, since the old signature is about to go
   return [(a, signing.sign_artifact(a, key, MANIFEST)) for a in arts]

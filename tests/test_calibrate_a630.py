@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import clone_artifact
 
 from backend import a630_cost as ac
 
@@ -25,18 +26,21 @@ def planted_calib(qcom_artifact, cli, tmp_path_factory):
           "--plot", d / "calib.png", env=EMU)
   assert r.returncode == 0, r.stdout + r.stderr
   assert "gpu fault" not in r.stdout + r.stderr   # every tile variant binds its buffers as the kernel it stands in for
-  return d, json.loads((d / "calib.json").read_text())
+  cal = json.loads((d / "calib.json").read_text())
+  assert len(cal["artifacts"]) == 1 and cal["artifacts"][0]["artifact"] == "."   # a lone artifact, not a bundle
+  return d, cal
 
 
 def test_emulated_run_times_every_kernel_and_the_fit_finds_the_planted_constants(planted_calib):
   _, cal = planted_calib
-  ks = cal["kernels"]
-  assert cal["kind"] == "driving" and len(ks) > 10 and all(k["measured_us"] > 0 and k["work"] for k in ks)
+  art = cal["artifacts"][0]
+  ks = art["kernels"]
+  assert art["kind"] == "driving" and art["camera"] == "1928x1208" and len(ks) > 10 and all(k["measured_us"] > 0 and k["work"] for k in ks)
   # every launch of the frame, repeats included, in order
   assert [k["index"] for k in ks] == list(range(len(ks))) and len({k["kernel"] for k in ks}) < len(ks)
   # the big image convolutions also at two or three register-tile sizes (the shipped tile set's compiled variants), on the
   # same buffers right after the launch they stand in for, each with its own work: the fit below includes them
-  tiles = cal["tiles"]
+  tiles = art["tiles"]
   assert tiles and all(2 <= 1 + len(t["variants"]) <= 3 for t in tiles), tiles
   variants = [k for k in ks if k["variant_of"] is not None]
   assert len(variants) == sum(len(t["variants"]) for t in tiles)
@@ -47,7 +51,7 @@ def test_emulated_run_times_every_kernel_and_the_fit_finds_the_planted_constants
   got = cal["constants"]
   for name, v in PLANTED.items():
     assert got[name] == pytest.approx(v, rel=0.03), name
-  assert all(abs(r["fitted_us"] - r["measured_us"]) <= 0.02 * r["measured_us"] for r in cal["residuals"])
+  assert all(abs(r["fitted_us"] - r["measured_us"]) <= 0.02 * r["measured_us"] for r in art["residuals"])
   # the shipped constants would not have matched those times
   shipped = ac.constants_from(cal["shipped"])
   assert any(abs(ac.dispatch_us([ac.Work(k["kernel"], **k["work"])], shipped)[0] - k["measured_us"]) > 0.1 * k["measured_us"] for k in ks)
@@ -55,7 +59,8 @@ def test_emulated_run_times_every_kernel_and_the_fit_finds_the_planted_constants
 
 def test_whole_frames_add_up_to_their_kernels_and_dropping_independent_waits_changes_no_output(planted_calib):
   _, cal = planted_calib
-  f, base = cal["frames"], [k for k in cal["kernels"] if k["variant_of"] is None]
+  art = cal["artifacts"][0]
+  f, base = art["frames"], [k for k in art["kernels"] if k["variant_of"] is None]
   # a frame as served (its graphs, chunked submits) runs the launches that were timed alone, each once, with the same work
   assert f["dispatches"] == len(base) and len(f["waits_kept"]["ms"]) == 2
   assert f["kernels_alone_ms"] == pytest.approx(sum(k["measured_us"] for k in base) / 1e3, abs=2e-3)
@@ -68,10 +73,11 @@ def test_whole_frames_add_up_to_their_kernels_and_dropping_independent_waits_cha
 def test_the_fit_and_the_frames_are_drawn(planted_calib):
   import matplotlib.image
   d, cal = planted_calib
+  art = cal["artifacts"][0]
   # one panel of each launch's measured against fitted time (the residuals name their launch and whether it is a variant),
   # one of the frames
-  assert [r["index"] for r in cal["residuals"]] == [k["index"] for k in cal["kernels"]]
-  assert [r["variant_of"] for r in cal["residuals"]] == [k["variant_of"] for k in cal["kernels"]]
+  assert [r["index"] for r in art["residuals"]] == [k["index"] for k in art["kernels"]]
+  assert [r["variant_of"] for r in art["residuals"]] == [k["variant_of"] for k in art["kernels"]]
   img = matplotlib.image.imread(d / "calib.png")
   assert img.shape[1] == 960 and img.shape[0] == 440 and img.std() > 0.05
 
@@ -90,37 +96,79 @@ def test_a_dropped_wait_a_dispatch_depends_on_is_reported_unsafe(qcom_artifact, 
                       "--frames", "1"], capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]), timeout=600,
                      env={**os.environ, **EMU})
   assert r.returncode == 0, r.stdout + r.stderr
-  b = json.loads((tmp_path / "c.json").read_text())["frames"]["independent_waits_dropped"]
+  b = json.loads((tmp_path / "c.json").read_text())["artifacts"][0]["frames"]["independent_waits_dropped"]
   assert b["order_hazards"] and not b["safe"]
   assert "race" in r.stdout and "leave MSM_INDEPENDENT_NO_WFI off" in r.stdout
 
 
+def as_device(cal: dict, slower: float = 1.3) -> dict:
+  """What a device writes for the same launches: the times alone (no emulator on the car), here the planted model's, and
+  frames by the host's clock, slower than their kernels alone; no fit."""
+  arts = []
+  for a in cal["artifacts"]:
+    alone = a["frames"]["kernels_alone_ms"]
+    kept = [slower * alone, (slower - 0.1) * alone]
+    frames = {**{k: v for k, v in a["frames"].items() if k not in ("kernels_alone_ms", "model_ms")}, "clock": "host wall clock",
+              "waits_kept": {"ms": kept},
+              "independent_waits_dropped": {"ms": [x - 0.1 for x in kept], "waits_dropped": 30, "identical_outputs": True, "safe": True}}
+    arts.append({**{k: v for k, v in a.items() if k != "residuals"}, "frames": frames,
+                 "kernels": [{**k, "work": None} for k in a["kernels"]]})
+  return {**cal, "constants": None, "artifacts": arts}
+
+
 def test_times_from_a_device_are_fitted_on_the_build_machine(planted_calib, qcom_artifact, cli):
   d, cal = planted_calib
-  # what a device writes: the times alone (no emulator on the car), here the planted model's times
-  # and frames as a device times them: by the host's clock, slower than their kernels alone
-  kept = [1.3 * cal["frames"]["kernels_alone_ms"], 1.2 * cal["frames"]["kernels_alone_ms"]]
-  frames = {k: v for k, v in cal["frames"].items() if k not in ("kernels_alone_ms", "model_ms")}
-  frames = {**frames, "clock": "host wall clock", "waits_kept": {"ms": kept},
-            "independent_waits_dropped": {"ms": [x - 0.1 for x in kept], "waits_dropped": 30, "identical_outputs": True, "safe": True}}
-  device = {**cal, "kernels": [{**k, "work": None, "measured_us": k["measured_us"]} for k in cal["kernels"]], "constants": None,
-            "frames": frames}
+  device = as_device(cal)
   (d / "device.json").write_text(json.dumps(device))
   r = cli("calibrate-a630", "--artifact", qcom_artifact, "--timings", d / "device.json", "-o", d / "fitted.json", "--plot", d / "fitted.png")
   assert r.returncode == 0, r.stdout + r.stderr
   assert (d / "fitted.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"   # the device's times drawn on the build machine
   fitted = json.loads((d / "fitted.json").read_text())
-  assert [k["measured_us"] for k in fitted["kernels"]] == [k["measured_us"] for k in cal["kernels"]]
+  got, want = fitted["artifacts"][0], cal["artifacts"][0]
+  assert [k["measured_us"] for k in got["kernels"]] == [k["measured_us"] for k in want["kernels"]]
   assert fitted["constants"]["tex_rate"] == pytest.approx(PLANTED["tex_rate"], rel=0.03)
   # the device's frames come back beside what its kernels alone add up to and the fitted model's frame
-  assert fitted["frames"]["waits_kept"]["ms"] == kept and fitted["frames"]["kernels_alone_ms"] == cal["frames"]["kernels_alone_ms"]
-  assert fitted["frames"]["model_ms"] == pytest.approx(cal["frames"]["kernels_alone_ms"], rel=0.02)
+  kept = device["artifacts"][0]["frames"]["waits_kept"]["ms"]
+  assert got["frames"]["waits_kept"]["ms"] == kept and got["frames"]["kernels_alone_ms"] == want["frames"]["kernels_alone_ms"]
+  assert got["frames"]["model_ms"] == pytest.approx(want["frames"]["kernels_alone_ms"], rel=0.02)
   assert f"median {sum(kept) / 2:.2f} ms" in r.stdout and "dropped (30 of" in r.stdout and "-0.10" in r.stdout
   # a device file from another artifact is refused, in one line, with nothing written
-  (d / "other.json").write_text(json.dumps({**device, "kernels": device["kernels"][:-1]}))
+  other = {**device, "artifacts": [{**device["artifacts"][0], "kernels": device["artifacts"][0]["kernels"][:-1]}]}
+  (d / "other.json").write_text(json.dumps(other))
   r = cli("calibrate-a630", "--artifact", qcom_artifact, "--timings", d / "other.json", "-o", d / "no.json")
   assert r.returncode == 2 and "not this artifact's" in r.stderr and len(r.stderr.strip().splitlines()) == 1
   assert not (d / "no.json").exists()
+
+
+@pytest.mark.slow
+def test_a_bundle_is_calibrated_in_one_run_and_fitted_across_its_artifacts(qcom_artifact, dm_model, cli, tmp_path):
+  """What a device tester runs: the release bundle's driving and DM artifacts in one run, one file back; the build
+  machine fits one set of constants to every launch of both."""
+  bundle = tmp_path / "bundle"
+  clone_artifact(qcom_artifact, bundle / "1928x1208")
+  r = cli("compile", "--model", dm_model, "--camera", "1928x1208", "--device", "QCOM", "-o", bundle / "dmonitoring" / "1928x1208")
+  assert r.returncode == 0, r.stdout + r.stderr
+  (tmp_path / "planted.json").write_text(json.dumps(PLANTED))
+  r = cli("calibrate-a630", "--artifact", bundle, "-o", tmp_path / "calib.json", "--emu-constants", tmp_path / "planted.json",
+          "--frames", "1", env=EMU)
+  assert r.returncode == 0, r.stdout + r.stderr
+  cal = json.loads((tmp_path / "calib.json").read_text())
+  assert [(a["artifact"], a["kind"]) for a in cal["artifacts"]] == [("1928x1208", "driving"), ("dmonitoring/1928x1208", "dmonitoring")]
+  for a in cal["artifacts"]:
+    assert a["frames"]["waits_kept"]["ms"][0] == pytest.approx(a["frames"]["kernels_alone_ms"], rel=1e-3)
+    assert a["frames"]["independent_waits_dropped"]["safe"]
+    assert f"{a['artifact']}: frames as served" in r.stdout
+  assert cal["constants"]["tex_rate"] == pytest.approx(PLANTED["tex_rate"], rel=0.03)
+  # the device's file of the whole bundle, fitted on the build machine: both artifacts matched by name, one fit
+  (tmp_path / "device.json").write_text(json.dumps(as_device(cal)))
+  r = cli("calibrate-a630", "--artifact", bundle, "--timings", tmp_path / "device.json", "-o", tmp_path / "fitted.json")
+  assert r.returncode == 0, r.stdout + r.stderr
+  fitted = json.loads((tmp_path / "fitted.json").read_text())
+  assert fitted["constants"]["tex_rate"] == pytest.approx(PLANTED["tex_rate"], rel=0.03)
+  assert [len(a["residuals"]) for a in fitted["artifacts"]] == [len(a["kernels"]) for a in cal["artifacts"]]
+  # a device file of the bundle is not one of its artifact alone
+  r = cli("calibrate-a630", "--artifact", bundle / "1928x1208", "--timings", tmp_path / "device.json", "-o", tmp_path / "no.json")
+  assert r.returncode == 2 and "pass the artifact or bundle the device ran" in r.stderr and not (tmp_path / "no.json").exists()
 
 
 @pytest.mark.parametrize("case", ["no artifact", "cpu artifact", "bad timings", "bad frames", "bad constants"])
@@ -132,8 +180,8 @@ def test_bad_input_is_one_line_and_exit_2(case, cli, tmp_path, cpu_artifact_1928
     extra = ["--timings", tmp_path / "t.json"]
   if case == "bad frames":
     kernels = [{"kernel": "k", "measured_us": 1.0}]
-    (tmp_path / "t.json").write_text(json.dumps({"format": "modeld-msm a630 calibration 1", "kernels": kernels,
-                                                 "frames": {"waits_kept": {"ms": [12.0, -1]}}}))
+    (tmp_path / "t.json").write_text(json.dumps({"format": "modeld-msm a630 calibration 2", "artifacts": [
+      {"artifact": ".", "kernels": kernels, "frames": {"waits_kept": {"ms": [12.0, -1]}}}]}))
     extra = ["--timings", tmp_path / "t.json"]
   if case == "bad constants":
     (tmp_path / "c.json").write_text('{"tex_rte": 1}')
