@@ -202,7 +202,7 @@ def time_frames(frame: Callable[[int], Any], device: str, n: int, emu_constants:
         if len(executed) != len(seen) or not seen:
           raise RuntimeError(f"frame {i}: executed {len(executed)} of {len(seen)} dispatches")
         ms[-1] = sum(ac.dispatch_us([work_of(name, c, d) for (name, c), d in zip(executed, seen)], emu_constants)) / 1e3
-      outs.append(bytes(memoryview(out).cast("B")))
+      outs.append(out.tobytes())   # the raw outputs, a numpy array
   finally:
     if node is not None:
       node.on_dispatch = None
