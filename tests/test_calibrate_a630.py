@@ -6,10 +6,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import clone_artifact
+from conftest import REPO, clone_artifact
 
 from backend import a630_cost as ac
 
@@ -85,7 +84,7 @@ def test_the_fit_and_the_frames_are_drawn(planted_calib):
 PLANTED_RACE = """
 import sys
 from backend import qcom
-qcom.Access.conflicts = lambda self, other: False   # every dispatch taken as independent: the third reads unfinished work
+qcom.Access.conflicts = lambda self, other: False   # every dispatch taken as independent: kernels read unfinished work
 from cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -93,7 +92,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_a_dropped_wait_a_dispatch_depends_on_is_reported_unsafe(qcom_artifact, tmp_path):
   r = subprocess.run([sys.executable, "-c", PLANTED_RACE, "calibrate-a630", "--artifact", str(qcom_artifact), "-o", str(tmp_path / "c.json"),
-                      "--frames", "1"], capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]), timeout=600,
+                      "--frames", "1"], capture_output=True, text=True, cwd=REPO, timeout=600,
                      env={**os.environ, **EMU})
   assert r.returncode == 0, r.stdout + r.stderr
   b = json.loads((tmp_path / "c.json").read_text())["artifacts"][0]["frames"]["independent_waits_dropped"]
