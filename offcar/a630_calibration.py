@@ -105,6 +105,37 @@ def frames_lines(f: dict, kernels_ms: float, model_ms: float | None) -> list[str
   return lines
 
 
+def gpu_clock(sys_root: Path = Path("/sys")) -> dict | None:
+  """The GPU's clock as the kernel reports it, in Hz: mainline msm's devfreq device (its name ends in ".gpu"), else KGSL's
+  sysfs; None where neither exists (the emulated node). The cost model assumes 710 MHz: a calibration run below it says so."""
+  def read(p: Path) -> int | str | None:
+    try:
+      v = p.read_text().strip()
+    except OSError:
+      return None
+    return int(v) if v.isdigit() else v
+  for d in sorted((sys_root / "class" / "devfreq").glob("*.gpu")):
+    return {"source": str(d), **{k: read(d / k) for k in ("cur_freq", "min_freq", "max_freq", "governor")}}
+  k = sys_root / "class" / "kgsl" / "kgsl-3d0"
+  if k.is_dir():
+    return {"source": str(k), "cur_freq": read(k / "gpuclk"), "min_freq": None, "max_freq": read(k / "max_gpuclk"),
+            "governor": read(k / "devfreq" / "governor")}
+  return None
+
+
+def clock_line(before: dict | None, after: dict | None) -> str:
+  if before is None:
+    return "GPU clock: not readable here (no msm devfreq or KGSL sysfs)"
+  mhz = [c.get("cur_freq") for c in (before, after) if c]
+  top = before.get("max_freq")
+  line = (f"GPU clock: {' -> '.join(f'{m / 1e6:.0f}' if isinstance(m, int) else '?' for m in mhz)} MHz over the run (max "
+          f"{top / 1e6:.0f} MHz, governor {before.get('governor')}; {before['source']})" if isinstance(top, int) else
+          f"GPU clock: {mhz} ({before['source']})")
+  if isinstance(top, int) and any(isinstance(m, int) and m < top for m in mhz):
+    line += "; below its top clock: pin it (devfreq min_freq = max_freq) and run again, the cost model assumes 710 MHz"
+  return line
+
+
 def read_json(path: str | os.PathLike, what: str) -> dict:
   try:
     data = json.loads(Path(path).read_text())
@@ -125,9 +156,9 @@ def _frames_ok(f: Any) -> bool:
   return b is None or (isinstance(b, dict) and ("ms" not in b or times(b)))
 
 
-def read_device_file(path: str | os.PathLike) -> dict[str, dict]:
-  """A calibration a device wrote: -> its entries by artifact (the name within what was calibrated), each with its kernel
-  launches' times and, if timed, its frames."""
+def read_device_file(path: str | os.PathLike) -> tuple[dict[str, dict], dict | None]:
+  """A calibration a device wrote: -> (its entries by artifact (the name within what was calibrated), each with its kernel
+  launches' times and, if timed, its frames; the GPU clock it recorded)."""
   d = read_json(path, "a calibration written by calibrate-a630")
   arts = d.get("artifacts")
   if d.get("format") != FORMAT or not isinstance(arts, list) or not arts or not all(isinstance(a, dict) for a in arts):
@@ -144,7 +175,8 @@ def read_device_file(path: str | os.PathLike) -> dict[str, dict]:
     if "frames" in a and not _frames_ok(a["frames"]):
       raise UserError(f"{path}: {name}: 'frames' needs each leg's frame times (ms > 0), as calibrate-a630 writes them")
     out[name] = a
-  return out
+  clock = d.get("gpu_clock")
+  return out, clock if isinstance(clock, dict) else None
 
 
 @dataclass

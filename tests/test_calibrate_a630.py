@@ -112,7 +112,9 @@ def as_device(cal: dict, slower: float = 1.3) -> dict:
               "independent_waits_dropped": {"ms": [x - 0.1 for x in kept], "waits_dropped": 30, "identical_outputs": True, "safe": True}}
     arts.append({**{k: v for k, v in a.items() if k != "residuals"}, "frames": frames,
                  "kernels": [{**k, "work": None} for k in a["kernels"]]})
-  return {**cal, "constants": None, "artifacts": arts}
+  slow_clock = {"source": "/sys/class/devfreq/5000000.gpu", "cur_freq": 587000000, "min_freq": 257000000, "max_freq": 710000000,
+                "governor": "simple_ondemand"}
+  return {**cal, "constants": None, "artifacts": arts, "gpu_clock": {"before": slow_clock, "after": slow_clock}}
 
 
 def test_times_from_a_device_are_fitted_on_the_build_machine(planted_calib, qcom_artifact, cli):
@@ -131,6 +133,8 @@ def test_times_from_a_device_are_fitted_on_the_build_machine(planted_calib, qcom
   assert got["frames"]["waits_kept"]["ms"] == kept and got["frames"]["kernels_alone_ms"] == want["frames"]["kernels_alone_ms"]
   assert got["frames"]["model_ms"] == pytest.approx(want["frames"]["kernels_alone_ms"], rel=0.02)
   assert f"median {sum(kept) / 2:.2f} ms" in r.stdout and "dropped (30 of" in r.stdout and "-0.10" in r.stdout
+  # the clock the device ran at comes back too, and a run below the top clock says so
+  assert fitted["gpu_clock"] == device["gpu_clock"] and "587 -> 587 MHz" in r.stdout and "below its top clock" in r.stdout
   # a device file from another artifact is refused, in one line, with nothing written
   other = {**device, "artifacts": [{**device["artifacts"][0], "kernels": device["artifacts"][0]["kernels"][:-1]}]}
   (d / "other.json").write_text(json.dumps(other))
@@ -168,6 +172,27 @@ def test_a_bundle_is_calibrated_in_one_run_and_fitted_across_its_artifacts(qcom_
   # a device file of the bundle is not one of its artifact alone
   r = cli("calibrate-a630", "--artifact", bundle / "1928x1208", "--timings", tmp_path / "device.json", "-o", tmp_path / "no.json")
   assert r.returncode == 2 and "pass the artifact or bundle the device ran" in r.stderr and not (tmp_path / "no.json").exists()
+
+
+def test_the_gpu_clock_is_read_from_msm_devfreq_or_kgsl(tmp_path):
+  from offcar.a630_calibration import clock_line, gpu_clock
+  assert gpu_clock(tmp_path) is None and "not readable" in clock_line(None, None)
+  kgsl = tmp_path / "kgsl" / "class" / "kgsl" / "kgsl-3d0"
+  (kgsl / "devfreq").mkdir(parents=True)
+  for name, v in (("gpuclk", "710000000"), ("max_gpuclk", "710000000"), ("devfreq/governor", "msm-adreno-tz")):
+    (kgsl / name).write_text(v + "\n")
+  c = gpu_clock(tmp_path / "kgsl")
+  assert (c["cur_freq"], c["max_freq"], c["governor"]) == (710000000, 710000000, "msm-adreno-tz")
+  assert "710 -> 710 MHz" in clock_line(c, c) and "below" not in clock_line(c, c)
+  # mainline msm: the GPU's devfreq device (a630 at 0x5000000), not another devfreq device of the SoC
+  (tmp_path / "msm" / "class" / "devfreq" / "soc:qcom,cpu-bw").mkdir(parents=True)
+  gpu = tmp_path / "msm" / "class" / "devfreq" / "5000000.gpu"
+  gpu.mkdir()
+  for name, v in (("cur_freq", "342000000"), ("min_freq", "257000000"), ("max_freq", "710000000"), ("governor", "simple_ondemand")):
+    (gpu / name).write_text(v + "\n")
+  c = gpu_clock(tmp_path / "msm")
+  assert c["source"].endswith("5000000.gpu") and c["cur_freq"] == 342000000 and c["governor"] == "simple_ondemand"
+  assert "below its top clock" in clock_line(c, c)
 
 
 @pytest.mark.parametrize("case", ["no artifact", "cpu artifact", "bad timings", "bad frames", "bad constants"])

@@ -46,7 +46,7 @@ def run(args) -> int:
       import matplotlib  # noqa: F401
     except ModuleNotFoundError:
       raise UserError("--plot needs matplotlib (pip install -e .[replay])") from None
-  device = cal.read_device_file(args.timings) if args.timings else None
+  device, device_clock = cal.read_device_file(args.timings) if args.timings else (None, None)
   emu_c = ac.DEFAULT
   if args.emu_constants:
     try:
@@ -59,6 +59,7 @@ def run(args) -> int:
   names = _names(Path(args.artifact), dirs)
   if device is not None and sorted(device) != sorted(names):
     raise UserError(f"{args.timings}: it calibrated {', '.join(sorted(device))}, not {', '.join(names)}: pass the artifact or bundle the device ran")
+  clock = cal.gpu_clock()
   measured = []
   for d, name in zip(dirs, names):
     if len(dirs) > 1:
@@ -71,7 +72,10 @@ def run(args) -> int:
   from tinygrad import Device
   dev: Any = Device[Device.DEFAULT]
   emulated = getattr(dev.iface, "node", None) is not None
-  out: dict = {"format": cal.FORMAT, "path": str(args.artifact), "device": type(dev.iface).__name__,
+  clock = {"before": clock, "after": cal.gpu_clock()} if device is None else device_clock   # the device's, read back
+  if clock is not None:
+    print(cal.clock_line(clock.get("before"), clock.get("after")))
+  out: dict = {"format": cal.FORMAT, "path": str(args.artifact), "device": type(dev.iface).__name__, "gpu_clock": clock,
                "clock": "cost model of executed work (emulated node)" if emulated and device is None else "GPU always-on counter (19.2 MHz)",
                "repeat": args.repeat, "constants": None, "shipped": ac.constants_dict(ac.DEFAULT), "artifacts": [m.entry for m in measured]}
   times = [t for m in measured for t in m.times]
