@@ -123,15 +123,17 @@ def gpu_clock(sys_root: Path = Path("/sys")) -> dict | None:
   return None
 
 
-def clock_line(before: dict | None, after: dict | None) -> str:
-  if before is None:
+def clock_line(before: Any, after: Any) -> str:
+  """The clock a run had, in one line (a device's file read back may hold anything there)."""
+  if not isinstance(before, dict):
     return "GPU clock: not readable here (no msm devfreq or KGSL sysfs)"
-  mhz = [c.get("cur_freq") for c in (before, after) if c]
-  top = before.get("max_freq")
-  line = (f"GPU clock: {' -> '.join(f'{m / 1e6:.0f}' if isinstance(m, int) else '?' for m in mhz)} MHz over the run (max "
-          f"{top / 1e6:.0f} MHz, governor {before.get('governor')}; {before['source']})" if isinstance(top, int) else
-          f"GPU clock: {mhz} ({before['source']})")
-  if isinstance(top, int) and any(isinstance(m, int) and m < top for m in mhz):
+  hz = [c.get("cur_freq") for c in (before, after) if isinstance(c, dict)]
+  top, where = before.get("max_freq"), before.get("source", "?")
+  if not isinstance(top, int):
+    return f"GPU clock: {hz} Hz ({where})"
+  line = (f"GPU clock: {' -> '.join(f'{x / 1e6:.0f}' if isinstance(x, int) else '?' for x in hz)} MHz over the run (max "
+          f"{top / 1e6:.0f} MHz, governor {before.get('governor')}; {where})")
+  if any(isinstance(x, int) and x < top for x in hz):
     line += "; below its top clock: pin it (devfreq min_freq = max_freq) and run again, the cost model assumes 710 MHz"
   return line
 

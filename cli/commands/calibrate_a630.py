@@ -59,7 +59,7 @@ def run(args) -> int:
   names = _names(Path(args.artifact), dirs)
   if device is not None and sorted(device) != sorted(names):
     raise UserError(f"{args.timings}: it calibrated {', '.join(sorted(device))}, not {', '.join(names)}: pass the artifact or bundle the device ran")
-  clock = cal.gpu_clock()
+  clock_before = cal.gpu_clock()
   measured = []
   for d, name in zip(dirs, names):
     if len(dirs) > 1:
@@ -72,7 +72,7 @@ def run(args) -> int:
   from tinygrad import Device
   dev: Any = Device[Device.DEFAULT]
   emulated = getattr(dev.iface, "node", None) is not None
-  clock = {"before": clock, "after": cal.gpu_clock()} if device is None else device_clock   # the device's, read back
+  clock = {"before": clock_before, "after": cal.gpu_clock()} if device is None else device_clock   # the device's, read back
   if clock is not None:
     print(cal.clock_line(clock.get("before"), clock.get("after")))
   out: dict = {"format": cal.FORMAT, "path": str(args.artifact), "device": type(dev.iface).__name__, "gpu_clock": clock,
@@ -95,7 +95,8 @@ def run(args) -> int:
                               for t, (k, mu, fu) in zip(m.times, mine, strict=True)]
   else:
     print(f"{len(times)} kernel launches timed ({sum(t.measured_us for t in times) / 1e3:.2f} ms one after another); no emulator here: "
-          f"send {args.output} back and fit it with `modeld-msm calibrate-a630 --artifact DIR --timings {args.output} -o fitted.json`")
+          f"send {args.output} back and fit it with `modeld-msm calibrate-a630 --artifact {args.artifact} --timings {args.output} "
+          "-o fitted.json` (the same artifact or bundle)")
   for m in measured:
     if f := m.entry.get("frames"):
       kernels_ms = sum(t.measured_us for t in m.base) / 1e3
