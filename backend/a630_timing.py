@@ -10,6 +10,7 @@ the same code runs end to end and a fit of its output must find `emu_constants` 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -169,6 +170,26 @@ def fit_kernels(times: list[KernelTime], params: list[str] | None = None, prior:
   return fitted, [(p.source, p.measured_us, ac.frame_us(list(p.work), fitted)) for p in pts]
 
 
+def executed(dev: Any, fn: Callable[[], Any]) -> tuple[Any, list[tuple[str, Any, Any]]]:
+  """fn() on the emulated node with execution on (level B), the device synchronized after it: (what fn returned, every
+  dispatch it executed in ring order as (kernel, executed counts, the dispatch as recorded))."""
+  node = dev.iface.node
+  seen: list = []
+  ran: collections.deque = collections.deque()
+  kept, was = node.counts, node.execute
+  node.counts, node.on_dispatch = ran, seen.append
+  node.set_execute(True)
+  try:
+    out = fn()
+    dev.synchronize()
+  finally:
+    node.counts, node.on_dispatch = kept, None
+    node.set_execute(was)
+  if len(ran) != len(seen) or not seen:
+    raise RuntimeError(f"executed {len(ran)} of {len(seen)} dispatches")
+  return out, [(name, c, d) for (name, c), d in zip(ran, seen)]
+
+
 def time_frames(frame: Callable[[int], Any], device: str, n: int, emu_constants: ac.Constants = ac.DEFAULT) -> tuple[list[float], list[bytes]]:
   """Frames 0..n-1 as the process serves them (`frame(i)` uploads input i, runs the program's graphs in their chunked
   submits and reads the outputs back), after one untimed frame 0 that binds the graphs. -> (each frame's ms, each
@@ -177,34 +198,20 @@ def time_frames(frame: Callable[[int], Any], device: str, n: int, emu_constants:
   it ran (under `emu_constants`), which the kernels timed alone must add up to."""
   from tinygrad import Device
   dev: Any = Device[device]
-  node = getattr(dev.iface, "node", None)
-  seen: list = []
-  if node is not None:
-    node.on_dispatch = seen.append
-    node.set_execute(True)
-  ms, outs = [], []
-  try:
-    frame(0)
+  if getattr(dev.iface, "node", None) is not None:
+    executed(dev, functools.partial(frame, 0))
+    outs, ms = [], []
     for i in range(n):
-      seen.clear()
-      executed: collections.deque = collections.deque()
-      if node is not None:
-        kept, node.counts = node.counts, executed
-      t = time.perf_counter()
-      try:
-        out = frame(i)
-        dev.synchronize()
-      finally:
-        if node is not None:
-          node.counts = kept
-      ms.append((time.perf_counter() - t) * 1e3)
-      if node is not None:
-        if len(executed) != len(seen) or not seen:
-          raise RuntimeError(f"frame {i}: executed {len(executed)} of {len(seen)} dispatches")
-        ms[-1] = sum(ac.dispatch_us([work_of(name, c, d) for (name, c), d in zip(executed, seen)], emu_constants)) / 1e3
+      out, ran = executed(dev, functools.partial(frame, i))
+      ms.append(sum(ac.dispatch_us([work_of(name, c, d) for name, c, d in ran], emu_constants)) / 1e3)
       outs.append(out.tobytes())   # the raw outputs, a numpy array
-  finally:
-    if node is not None:
-      node.on_dispatch = None
-      node.set_execute(False)
+    return ms, outs
+  frame(0)
+  ms, outs = [], []
+  for i in range(n):
+    t = time.perf_counter()
+    out = frame(i)
+    dev.synchronize()
+    ms.append((time.perf_counter() - t) * 1e3)
+    outs.append(out.tobytes())
   return ms, outs

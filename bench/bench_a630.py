@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import platform
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from artifact import kinds  # noqa: E402
 from backend import a630_cost as ac  # noqa: E402
 from backend import timeline as tl  # noqa: E402
-from backend.a630_timing import regs_of  # noqa: E402
+from backend.a630_timing import executed, work_of  # noqa: E402
 
 KINDS = tuple(kinds.KINDS)   # as the artifact registry names them
 
@@ -134,29 +135,18 @@ def record_frame(step, jits: dict[str, object], device: str) -> list[Dispatched]
   """Every dispatch of one call of `step` on the emulated node, executed, in ring order (the first call binds, uncounted)."""
   from tinygrad import Device
   dev: Any = Device[device]
-  node = dev.iface.node
   step()
   dev.synchronize()
-  seen: list = []
-  node.on_dispatch = seen.append
-  node.set_execute(True)
-  kept, node.counts = node.counts, collections.deque()
   try:
-    step()
-    dev.synchronize()
-  finally:
-    executed, node.counts = node.counts, kept
-    node.on_dispatch = None
-    node.set_execute(False)
-  if len(executed) != len(seen) or not seen:
-    raise SystemExit(f"executed {len(executed)} of {len(seen)} dispatches")
+    _, ran = executed(dev, step)
+  except RuntimeError as e:
+    raise SystemExit(str(e)) from None
   part = {addr: tag for tag, jit in jits.items() for addr in _kernels([jit], device)}
   flops = _kernels(list(jits.values()), device)
   out = []
-  for d, (name, c) in zip(seen, executed):
+  for name, c, d in ran:
     groups, local = (int(d.groups[0]), int(d.groups[1]), int(d.groups[2])), (int(d.local_size[0]), int(d.local_size[1]), int(d.local_size[2]))
-    w = ac.Work(name or hex(d.shader_iova), c.alu, c.sfu, c.tex, c.mem_load + c.mem_store, c.fibers, groups[0] * groups[1] * groups[2],
-                local[0] * local[1] * local[2], flops.get(d.shader_iova, 0.0), regs_of(d))
+    w = replace(work_of(name or hex(d.shader_iova), c, d), flops=flops.get(d.shader_iova, 0.0))
     out.append(Dispatched(w, part.get(d.shader_iova, "model"), local, groups, getattr(c, "read", frozenset()), getattr(c, "written", frozenset())))
   return out
 
@@ -166,23 +156,15 @@ def camera_of(art: Path) -> tuple[int, int]:
   return int(c["width"]), int(c["height"])
 
 
-def frame_of(kind: str, art: Path) -> list[Dispatched]:
+def frame_of(art: Path) -> list[Dispatched]:
+  """Every dispatch of one frame of a QCOM artifact of any kind, on calibrate-a630's inputs (offcar/a630_calibration.py)."""
   os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
-  import numpy as np
-  if kinds.KINDS[kind].process == "dmonitoringmodeld":
-    from tinygrad import Device
+  from tinygrad import Device
 
-    from modeld_msm.dm_core import DMonitoringCore
-    from selfdrive_glue.nv12 import nv12_info
-    core = DMonitoringCore(art)
-    z = np.zeros(nv12_info(*core.camera).size, np.uint8)
-    return record_frame(lambda: core.run(z), {"model": core.program.jit}, Device.DEFAULT)
-  from modeld_msm.model_state import ModelState
-  ms = ModelState(art)
-  z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
-  jits = {"model": ms.step.jit, **({"warp": ms.warp.jit} if ms.warp is not None else {})}
-  return record_frame(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False,
-                                     action_t=np.array([[0.2, 0.3]], np.float32)), jits, ms.device)
+  from artifact.format import verify_artifact
+  from offcar.a630_calibration import program_frame
+  frame, jits = program_frame(verify_artifact(art, device="QCOM"))
+  return record_frame(functools.partial(frame, 0), jits, Device.DEFAULT)
 
 
 def machine() -> str:
@@ -310,8 +292,8 @@ def main() -> int:
     print("cameras: " + ", ".join(f"{k} {w}x{h}" for k, (w, h) in ((k, camera_of(a)) for k, a in arts.items())))
     cal_kinds = [cal.kind for cal in CALIBRATION if cal.kind in args.kinds]
     base = build(args.size, work, cal_kinds, baseline=True) if args.calibrate_against == "baseline" else {}
-    frames = {k: frame_of(k, arts[k]) for k in args.kinds}
-    base_frames = {k: frame_of(k, a) for k, a in base.items()}
+    frames = {k: frame_of(arts[k]) for k in args.kinds}
+    base_frames = {k: frame_of(a) for k, a in base.items()}
   models, rows = {}, []
   for kind, frame in frames.items():
     report(kind, frame, c, args.top)

@@ -94,7 +94,7 @@ def main() -> int:
   for kind, *dirs in a.pair + a.tiled:
     if kind not in KINDS:
       raise SystemExit(f"unknown kind {kind}: one of {', '.join(KINDS)}")
-    frames = [[d.work for d in frame_of(kind, Path(p))] for p in dirs]
+    frames = [[d.work for d in frame_of(Path(p))] for p in dirs]
     if len(frames) == 2:
       heur, tiled = frames
       subst = heuristic_of(kind, tiled)

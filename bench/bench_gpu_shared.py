@@ -26,6 +26,7 @@ frame is in flight (modeld_msm/gpu_turn.py), most with the car's bounds per chun
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -78,18 +79,14 @@ def build(size: str, work: Path) -> tuple[Path, Path]:
 
 def programs(driving: Path, dm: Path) -> dict[str, list[float]]:
   os.environ["MODELD_DEV"] = "EMU+QCOM:IR3"
-  import numpy as np
+  from tinygrad import Device
 
-  from modeld_msm.dm_core import DMonitoringCore
-  from modeld_msm.model_state import ModelState
-  ms = ModelState(driving)
-  z, eye = np.zeros(ms.nv12.size, np.uint8), np.eye(3, dtype=np.float32)
-  drive, _ = step_dispatches(lambda: ms.run(z, z, eye, eye, np.zeros(8, np.float32), np.array([[1, 0]], np.float32), False),
-                             (ms.step.jit, ms.warp.jit), ms.device)
-  core = DMonitoringCore(dm)
-  dmon, _ = step_dispatches(lambda: core.run(z), (core.program.jit,), ms.device)
+  from artifact.format import verify_artifact
+  from offcar.a630_calibration import program_frame
   out = {}
-  for name, art, order in (("modeld", driving, drive), ("dmonitoringmodeld", dm, dmon)):
+  for name, art in (("modeld", driving), ("dmonitoringmodeld", dm)):
+    frame, jits = program_frame(verify_artifact(art, device="QCOM"))
+    order, _ = step_dispatches(functools.partial(frame, 0), tuple(jits.values()), Device.DEFAULT)
     us = json.loads((art / "metadata.json").read_text())["kernel_us"]
     if missing := sorted({k for k, _, _ in order if k not in us}):
       raise SystemExit(f"{art}: no a630 time for {len(missing)} kernels ({missing[:3]}); recompile it")

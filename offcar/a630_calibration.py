@@ -20,8 +20,9 @@ WORK_FIELDS = ("alu", "sfu", "tex", "nbytes", "fibers", "groups", "group_size", 
 
 
 def program_frame(art):
-  """(callable that runs frame i and returns its raw outputs, the artifact's JITs) for its kind. The frames cycle through
-  INPUTS seeded camera buffers made here, so a timed frame spends nothing on making its input."""
+  """(callable that runs frame i and returns its raw outputs, the artifact's JITs by part: "model", then "warp" where the
+  kind has a warp-only program for dropped frames (a frame does not run it)) for its kind. The frames cycle through INPUTS seeded camera
+  buffers made here, so a timed frame spends nothing on making its input."""
   import numpy as np
 
   from selfdrive_glue.nv12 import nv12_info
@@ -32,13 +33,13 @@ def program_frame(art):
     from modeld_msm.dm_core import DMonitoringCore
     core = DMonitoringCore(art)
     bufs = pool(nv12_info(*core.camera).size)
-    return (lambda i: core.run(bufs[i % INPUTS])), [core.program.jit]
+    return (lambda i: core.run(bufs[i % INPUTS])), {"model": core.program.jit}
   from modeld_msm.model_state import ModelState
   ms = ModelState(art)
   bufs = pool(ms.nv12.size)
   eye = np.eye(3, dtype=np.float32)
   desire, traffic, at = np.zeros(8, np.float32), np.array([[1, 0]], np.float32), np.array([[0.2, 0.3]], np.float32)
-  jits = [p.jit for p in (ms.warp, ms.step) if p is not None]
+  jits = {"model": ms.step.jit, **({"warp": ms.warp.jit} if ms.warp is not None else {})}
 
   def frame(i: int) -> np.ndarray:
     buf = bufs[i % INPUTS]
@@ -202,7 +203,7 @@ def measure(path: Path, name: str, repeat: int, emu_c, frames: int | None, devic
   from compile.tuning.qcom_tiles import calibration_launches
   art = verify_artifact(path, device="QCOM")
   frame, jits = program_frame(art)
-  recs = [Recorder(j) for j in jits]
+  recs = [Recorder(j) for j in jits.values()]
   frame(0)
   dev: Any = Device[Device.DEFAULT]
   emulated = getattr(dev.iface, "node", None) is not None
